@@ -1,0 +1,33 @@
+# Set-up and the two README commands: `make demo` and `make test`.
+# TORCH pins the build pip installs first; on these CPU machines 2.13.0 is the local CPU wheel.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+# glibc allocator settings that cut system time on CPU training (see README, performance).
+export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
+export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
+
+.PHONY: install demo test clean-demo
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[test]" "$(TORCH)"
+	touch $@
+
+data/embedded/meta.json: $(VENV)/.installed
+	$(BIN)/normlab-prepare data=embedded
+
+demo: data/embedded/meta.json
+	$(BIN)/normlab-train -m experiment=demo
+	$(BIN)/normlab-report checkpoints/demo
+
+test: $(VENV)/.installed
+	$(BIN)/pytest
+
+clean-demo:
+	rm -rf checkpoints/demo

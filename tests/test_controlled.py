@@ -1,0 +1,69 @@
+"""A controlled comparison: same seed => identical non-norm initial weights and identical batches."""
+
+import itertools
+
+import torch
+
+from conftest import compose_config
+from train.cli import build_module
+from train.data import ShuffledWindows
+
+
+def modules(seed=0, model="tiny"):
+    return {norm: build_module(compose_config("train", [f"norm={norm}", f"seed={seed}", f"model={model}"])).model
+            for norm in ("layernorm", "rmsnorm")}
+
+
+def test_same_seed_gives_identical_initial_weights_for_every_shared_parameter():
+    models = modules()
+    ln, rms = (dict(m.named_parameters()) for m in models.values())
+    shared = ln.keys() & rms.keys()
+    assert ln.keys() - shared == {f"blocks.{i}.ln_{j}.bias" for i in range(4) for j in (1, 2)} | {"ln_f.bias"}
+    assert rms.keys() <= ln.keys()
+    for name in shared:
+        assert torch.equal(ln[name], rms[name]), name
+    norm_weights = [n for n in shared if ".ln_" in n or n.startswith("ln_f")]
+    assert len(norm_weights) == 2 * 4 + 1
+    assert len(shared) - len(norm_weights) == len(list(models["rmsnorm"].parameters())) - len(norm_weights)
+
+
+def test_same_seed_gives_identical_weights_at_paper_width():
+    models = modules(model="70m")
+    ln, rms = (dict(m.named_parameters()) for m in models.values())
+    for name in ("wte.weight", "blocks.5.attn.c_attn.weight", "blocks.3.mlp.c_proj.weight", "lm_head.weight"):
+        assert torch.equal(ln[name], rms[name]), name
+
+
+def test_another_seed_gives_other_weights():
+    a, b = modules(seed=0)["layernorm"], modules(seed=1)["layernorm"]
+    assert not torch.equal(a.wte.weight, b.wte.weight)
+    assert not torch.equal(a.blocks[0].attn.c_attn.weight, b.blocks[0].attn.c_attn.weight)
+
+
+def batches(norm, prepared, n, epoch=0):
+    from hydra.utils import instantiate
+
+    dm = instantiate(compose_config("train", [f"norm={norm}", "seed=0"]).data)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    loader.sampler.set_epoch(epoch)
+    return list(itertools.islice(loader, n))
+
+
+def test_same_seed_gives_identical_batches_in_identical_order(prepared):
+    for epoch in (0, 1):
+        ln, rms = batches("layernorm", prepared, 20, epoch), batches("rmsnorm", prepared, 20, epoch)
+        for (x1, y1), (x2, y2) in zip(ln, rms, strict=True):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    first, second = batches("layernorm", prepared, 1, 0)[0][0], batches("layernorm", prepared, 1, 1)[0][0]
+    assert not torch.equal(first, second)  # each epoch has its own order
+
+
+def test_sampler_visits_every_window_once_per_epoch_split_across_ranks():
+    for world_size in (1, 2, 3):
+        seen = []
+        for rank in range(world_size):
+            seen += list(ShuffledWindows(101, seed=7, rank=rank, world_size=world_size))
+        assert len(seen) == len(set(seen)) == 101 - 101 % world_size
+    assert list(ShuffledWindows(50, seed=7)) == list(ShuffledWindows(50, seed=7))
+    assert list(ShuffledWindows(50, seed=7)) != list(ShuffledWindows(50, seed=8))

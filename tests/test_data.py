@@ -1,0 +1,66 @@
+"""The embedded corpus: real GPT-2 BPE tokens in uint16 files with metadata, checked before training."""
+
+import json
+
+import numpy as np
+import pytest
+from hydra.utils import instantiate
+
+from conftest import compose_config
+from train import tokenizer
+from train.errors import DataError
+
+
+def test_offline_tokenizer_is_gpt2():
+    enc = tokenizer.gpt2()
+    assert enc.encode_ordinary("Hello world") == [15496, 995]
+    assert enc.n_vocab == 50257 and enc.eot_token == 50256
+    assert enc.decode([15496, 995]) == "Hello world"
+
+
+def test_prepared_files_match_their_metadata(prepared):
+    meta = json.loads((prepared / "meta.json").read_text())
+    assert meta["tokenizer"]["ranks_sha256"] == tokenizer.RANKS_SHA256
+    for split in ("train", "val"):
+        info = meta["splits"][split]
+        tokens = np.fromfile(prepared / info["file"], dtype=np.uint16)
+        assert tokens.size == info["tokens"] > 10_000
+        assert tokens.max() < 50257
+        assert (tokens == tokenizer.EOT).sum() == info["documents"]  # one EOT closes every document
+        assert tokens[-1] == tokenizer.EOT
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 42
+
+
+def test_prepared_text_decodes_to_english(prepared):
+    tokens = np.fromfile(prepared / "val.bin", dtype=np.uint16)[:2000]
+    text = tokenizer.gpt2().decode(tokens.tolist())
+    assert " the " in text and " and " in text
+
+
+def datamodule(dir):
+    return instantiate(compose_config("train", [f"data.dir={dir}"]).data)
+
+
+def test_truncated_token_file_is_refused(prepared_copy):
+    with open(prepared_copy / "train.bin", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(DataError, match=r"train.bin holds 500 tokens.*truncated.*normlab-prepare data=embedded"):
+        datamodule(prepared_copy).verify()
+
+
+def test_other_source_is_refused(prepared_copy):
+    meta = json.loads((prepared_copy / "meta.json").read_text())
+    meta["source"]["split_seed"] = 1
+    (prepared_copy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="another source"):
+        datamodule(prepared_copy).verify()
+
+
+def test_windows_are_consecutive_tokens_with_shifted_targets(prepared):
+    dm = datamodule(prepared)
+    dm.setup("fit")
+    tokens = np.fromfile(prepared / "train.bin", dtype=np.uint16)
+    x, y = dm.train_windows[3]
+    seq = dm.seq_len
+    assert np.array_equal(x.numpy(), tokens[3 * seq : 4 * seq]) and np.array_equal(y.numpy(), tokens[3 * seq + 1 : 4 * seq + 1])
+    assert len(dm.val_windows) == dm.val_tokens // seq

@@ -1,0 +1,116 @@
+"""Real training runs of the tiny model through the real entry point (Hydra -> Lightning, CPU)."""
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from conftest import FAST_TRAIN, compose_config, run_cli
+from train.cli import build_module
+from train.module import lr_factor
+
+NORMS = ("layernorm", "rmsnorm")
+
+
+@pytest.fixture(scope="session")
+def sweep(prepared, tmp_path_factory) -> Path:
+    """`normlab-train -m norm=layernorm,rmsnorm`: both runs, back to back, with Hydra's basic launcher."""
+    out = tmp_path_factory.mktemp("checkpoints")
+    result = run_cli("normlab-train", "-m", "norm=layernorm,rmsnorm", "experiment_name=t", f"paths.output_dir={out}", *FAST_TRAIN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out / "t"
+
+
+def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
+    metrics: dict[str, dict[int, float]] = {}
+    with open(run_dir / "metrics.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if value and key not in ("step", "epoch"):
+                    assert int(row["step"]) not in metrics.get(key, {}), f"duplicate {key} at step {row['step']}"
+                    metrics.setdefault(key, {})[int(row["step"])] = float(value)
+    return metrics
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_run_directory_holds_resolved_config_metrics_and_scheduled_checkpoints(sweep, norm):
+    run = sweep / f"tiny-{norm}-seed0"
+    config = OmegaConf.load(run / "config.yaml")
+    assert config.norm.name == norm and config.run_dir == str(run)
+    assert "${" not in (run / "config.yaml").read_text()  # resolved
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == ["last.ckpt", "step-0000000.ckpt", "step-0000002.ckpt", "step-0000004.ckpt", "step-0000006.ckpt"]
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_metrics_csv_has_loss_lr_and_tokens_per_second_at_every_step(sweep, norm):
+    run = sweep / f"tiny-{norm}-seed0"
+    metrics = read_metrics(run)
+    steps = set(range(6))
+    assert set(metrics["train/loss"]) == steps
+    assert abs(metrics["train/loss"][0] - math.log(50257)) < 0.2  # untrained: uniform over the vocabulary
+    assert set(metrics["train/tokens_per_sec"]) == steps and min(metrics["train/tokens_per_sec"].values()) > 0
+    assert len(metrics["val/loss"]) == 2
+    peak, warmup = 3e-3, 1  # tiny preset lr; 1% of 6 steps rounds up to one warm-up step
+    for step, lr in metrics["lr-AdamW/pg1"].items():
+        assert lr == pytest.approx(peak * lr_factor(step, warmup, 6, 0.1))
+
+
+def test_lr_schedule_warms_up_linearly_then_decays_to_ten_percent():
+    assert [lr_factor(s, 4, 100, 0.1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(4, 4, 100, 0.1) == 1.0
+    assert lr_factor(52, 4, 100, 0.1) == pytest.approx(0.55)  # half-way through the cosine
+    assert lr_factor(100, 4, 100, 0.1) == pytest.approx(0.1)
+    values = [lr_factor(s, 4, 100, 0.1) for s in range(4, 101)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_step_zero_checkpoint_holds_the_initial_weights(sweep, norm):
+    run = sweep / f"tiny-{norm}-seed0"
+    initial = build_module(OmegaConf.load(run / "config.yaml")).state_dict()
+    step0 = torch.load(run / "checkpoints" / "step-0000000.ckpt", weights_only=False)["state_dict"]
+    step6 = torch.load(run / "checkpoints" / "step-0000006.ckpt", weights_only=False)["state_dict"]
+    assert step0.keys() == initial.keys()
+    assert all(torch.equal(step0[k], initial[k]) for k in initial)
+    assert not torch.equal(step6["model.wte.weight"], initial["model.wte.weight"])
+
+
+def test_ln_and_rms_runs_differ_only_in_norm_parameters(sweep):
+    ln = torch.load(sweep / "tiny-layernorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    rms = torch.load(sweep / "tiny-rmsnorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    assert rms.keys() <= ln.keys()
+    assert all(torch.equal(ln[k], rms[k]) for k in rms)
+
+
+def test_rerunning_the_same_command_resumes_instead_of_starting_over(sweep):
+    run = sweep / "tiny-layernorm-seed0"
+    before = (run / "metrics.csv").read_text()
+    result = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = read_metrics(run)
+    assert set(metrics["train/loss"]) == set(range(8))  # steps 6 and 7 appended, 0-5 kept
+    assert (run / "metrics.csv").read_text().startswith(before.splitlines()[0])
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+
+
+def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
+    overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["trainer.max_steps=2"]
+    result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides,
+                     env={"WANDB_MODE": "", "WANDB_API_KEY": "", "WANDB_DIR": ""})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb wrote no offline run"
+    assert (tmp_path / "metrics.csv").is_file()
+
+
+def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path):
+    result = run_cli("normlab-report", str(sweep), "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "loss.png").stat().st_size > 10_000
+    summary = (tmp_path / "summary.md").read_text()
+    assert "tiny layernorm seed 0" in summary and "tiny rmsnorm seed 0" in summary
+    assert "| 6,640," in summary  # parameter counts (LN has 9 x 64 more than RMS)

@@ -1,0 +1,3 @@
+from train.cli import train
+
+train()

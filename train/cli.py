@@ -1,0 +1,145 @@
+"""Entry points: normlab-train, normlab-prepare, normlab-describe (Hydra apps over conf/).
+
+The data path: conf -> train() -> data module, model, callbacks, loggers -> Lightning Trainer.
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from train.errors import ConfigError, NormlabError
+from train.model import GPT, GPTConfig
+from train.module import LanguageModel
+from train.paths import CONF_DIR
+
+
+def fail(message: str, code: int = 2):
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def check_group_choices(args: list[str]) -> None:
+    """Reject an unknown option of a config group (model=7m, norm=batchnorm) in one line that lists
+    the valid ones, before Hydra composes anything."""
+    parser = OverridesParser.create()
+    for arg in args:
+        try:
+            (override,) = parser.parse_overrides([arg])
+        except Exception:  # flags such as -m or --cfg, and their values: Hydra reports real errors itself
+            continue
+        group = CONF_DIR / override.key_or_group
+        if override.is_delete() or not group.is_dir():
+            continue
+        choices = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        valid = sorted(p.stem for p in group.glob("*.yaml"))
+        for choice in choices:
+            if choice not in valid and choice != "null":
+                fail(f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} (conf/{override.key_or_group}/)")
+
+
+def hydra_app(config_name: str):
+    """Turn `task(cfg)` into a console-script entry point over conf/<config_name>.yaml."""
+
+    def decorate(task):
+        @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
+        def run(cfg: DictConfig):
+            try:
+                return task(cfg)
+            except NormlabError as e:
+                fail(str(e))
+
+        def main():
+            check_group_choices(sys.argv[1:])
+            run()
+
+        main.__doc__ = task.__doc__
+        return main
+
+    return decorate
+
+
+def build_model(cfg: DictConfig) -> GPT:
+    """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised)."""
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    return GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k in fields}), norm=instantiate(cfg.norm.layer))
+
+
+def build_module(cfg: DictConfig) -> LanguageModel:
+    model = build_model(cfg)
+    model.init_weights(cfg.seed)
+    max_steps = cfg.trainer.max_steps
+    if max_steps is None or max_steps < 1:
+        raise ConfigError(f"trainer.max_steps must be a positive number of optimizer steps, got {max_steps}")
+    return LanguageModel(
+        model,
+        optimizer=instantiate(cfg.optimizer),
+        warmup_steps=max(1, round(cfg.schedule.warmup_fraction * max_steps)),
+        max_steps=max_steps,
+        min_lr_ratio=cfg.schedule.min_lr_ratio,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+
+
+@hydra_app("train")
+def train(cfg: DictConfig) -> None:
+    """Train one model; resumes from <run_dir>/checkpoints/last.ckpt when it exists."""
+    run_dir = Path(cfg.run_dir)
+    try:
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        module = build_module(cfg)
+        datamodule = instantiate(cfg.data)
+        datamodule.verify()
+    except NormlabError:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
+        raise
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    if HydraConfig.initialized():
+        OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), run_dir / "overrides.yaml")
+
+    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
+    loggers = [instantiate(c) for c in cfg.logger.values()]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.is_file() else None)
+    finally:
+        if "wandb" in cfg.logger:
+            import wandb
+
+            wandb.finish()  # one wandb run per Hydra job, also in -m sweeps
+
+
+@hydra_app("prepare")
+def prepare(cfg: DictConfig) -> None:
+    """Tokenize the corpus of `data=` into data/<name>/."""
+    from train.prepare import prepare as prepare_data
+
+    prepare_data(cfg.data, num_proc=cfg.num_proc)
+
+
+@hydra_app("describe")
+def describe(cfg: DictConfig) -> None:
+    """Parameter counts and training FLOPs per token of `model=` with `norm=`, on the meta device."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    c = model.config
+    rows = [
+        ("model", f"{cfg.model.name} ({c.n_layer} layers, d={c.n_embd}, {c.n_head} heads, context {c.block_size})"),
+        ("norm", cfg.norm.name),
+        ("embeddings", "tied" if c.tie_embeddings else "untied"),
+        ("parameters", f"{model.num_params():,}"),
+        ("non-embedding parameters", f"{model.num_params(non_embedding=True):,}"),
+        ("training FLOPs per token", f"{model.flops_per_token():,}  (6 N_matmul + 12 L T d)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
