@@ -26,13 +26,14 @@ FAST_TRAIN = [
 ]
 
 
-def compose_config(config_name: str = "train", overrides: list[str] = ()):
+def compose_config(config_name: str = "train", overrides: list[str] = (), with_hydra: bool = False):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def run_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
+    full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None removes a variable
     return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)
 
 

@@ -21,7 +21,7 @@ def test_run_dir_is_derived_from_the_config_and_overridable(tmp_path):
 
 
 def test_demo_experiment_sweeps_both_norms_on_the_tiny_model():
-    cfg = compose_config("train", ["experiment=demo"])
+    cfg = compose_config("train", ["experiment=demo"], with_hydra=True)
     assert cfg.model.name == "tiny" and cfg.data.name == "embedded"
     assert cfg.hydra.sweeper.params.norm == "layernorm,rmsnorm"
 
@@ -37,7 +37,7 @@ def one_line_error(result, *fragments):
 @pytest.mark.parametrize("tool", ["normlab-train", "normlab-describe"])
 def test_unknown_preset_lists_the_valid_ones(tool, tmp_path):
     result = run_cli(tool, "model=7m", f"run_dir={tmp_path / 'run'}")
-    one_line_error(result, "unknown model '7m'", "tiny, ", "70m", "1b")
+    one_line_error(result, "unknown model '7m'", "choose one of 160m, 1b, 410m, 70m, tiny")
     assert not (tmp_path / "run").exists()
 
 

@@ -101,7 +101,7 @@ def test_rerunning_the_same_command_resumes_instead_of_starting_over(sweep):
 def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
     overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["trainer.max_steps=2"]
     result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides,
-                     env={"WANDB_MODE": "", "WANDB_API_KEY": "", "WANDB_DIR": ""})
+                     env={"WANDB_MODE": None, "WANDB_API_KEY": None, "WANDB_DIR": None})
     assert result.returncode == 0, result.stderr[-3000:]
     assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb wrote no offline run"
     assert (tmp_path / "metrics.csv").is_file()
@@ -113,4 +113,4 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
     assert (tmp_path / "loss.png").stat().st_size > 10_000
     summary = (tmp_path / "summary.md").read_text()
     assert "tiny layernorm seed 0" in summary and "tiny rmsnorm seed 0" in summary
-    assert "| 6,640," in summary  # parameter counts (LN has 9 x 64 more than RMS)
+    assert "| 6,541,184 |" in summary and "| 6,540,864 |" in summary  # LN has (2L+1) d = 5 x 64 more
