@@ -64,3 +64,15 @@ def test_windows_are_consecutive_tokens_with_shifted_targets(prepared):
     seq = dm.seq_len
     assert np.array_equal(x.numpy(), tokens[3 * seq : 4 * seq]) and np.array_equal(y.numpy(), tokens[3 * seq + 1 : 4 * seq + 1])
     assert len(dm.val_windows) == dm.val_tokens // seq
+
+
+def test_no_tokenizer_offline_is_one_clear_error(tmp_path, monkeypatch):
+    from train.errors import TokenizerError
+
+    monkeypatch.setattr(tokenizer, "RANKS_FILE", tmp_path / "missing.tiktoken")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # no network: every download is refused at once
+    with pytest.raises(TokenizerError, match="no GPT-2 tokenizer available offline.*normlab-prepare"):
+        tokenizer.gpt2()
+    with pytest.raises(TokenizerError, match="does not exist"):
+        tokenizer.gpt2(tmp_path / "nope.tiktoken")
