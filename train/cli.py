@@ -103,8 +103,7 @@ def train(cfg: DictConfig) -> None:
         raise
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    if HydraConfig.initialized():
-        OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), run_dir / "overrides.yaml")
+    OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), run_dir / "overrides.yaml")
 
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     loggers = [instantiate(c) for c in cfg.logger.values()]

@@ -75,7 +75,7 @@ class TokenDataModule(L.LightningDataModule):
             meta = json.loads(meta_path.read_text())
         except json.JSONDecodeError:
             raise DataError(f"{meta_path} is not valid JSON: {hint} again") from None
-        if meta.get("source") != dict(self.source):
+        if meta.get("source") != self.source:
             raise DataError(f"{self.dir} was prepared from another source than conf/data/{self.name}.yaml: {hint} again")
         if meta["tokenizer"]["ranks_sha256"] != tokenizer.RANKS_SHA256:
             raise DataError(f"{self.dir} was tokenized with {meta['tokenizer']['name']}, not GPT-2: {hint} again")
