@@ -39,7 +39,7 @@ def check_group_choices(args: list[str]) -> None:
         if override.is_delete() or not group.is_dir():
             continue
         choices = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
-        valid = sorted(p.stem for p in group.glob("*.yaml"))
+        valid = sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))  # _x: shared parts
         for choice in choices:
             if choice not in valid and choice != "null":
                 fail(f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} (conf/{override.key_or_group}/)")

@@ -13,10 +13,60 @@ import lightning as L
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
+from tqdm import tqdm
 
 from train import tokenizer
 from train.errors import DataError
-from train.prepare import META_FILE, SPLITS
+from train.prepare import META_FILE
+
+SPLITS = ("train", "val")
+SCAN_CHUNK = 1 << 26  # tokens read at a time when a file is scanned
+
+
+def scan(path: Path) -> tuple[int, int]:
+    """The largest token of a file and its position, read in chunks (a progress bar for big files)."""
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    largest, where = 0, 0
+    chunks = range(0, len(tokens), SCAN_CHUNK)
+    for start in tqdm(chunks, desc=f"checking {path.name}", unit="chunk", disable=len(chunks) < 8):
+        chunk = np.asarray(tokens[start : start + SCAN_CHUNK])
+        if chunk.size and chunk.max() > largest:
+            largest, where = int(chunk.max()), start + int(chunk.argmax())
+    return largest, where
+
+
+def verify_prepared(dir: Path, name: str, source: dict, vocab_size: int, splits, checksums: bool) -> dict:
+    """Check prepared token files against their metadata and the model; one clear error per problem."""
+    hint = f"run `normlab-prepare data={name}`"
+    meta_path = dir / META_FILE
+    if not meta_path.is_file():
+        raise DataError(f"data '{name}' is not prepared ({meta_path} is missing): {hint}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        raise DataError(f"{meta_path} is not valid JSON: {hint} again") from None
+    if meta.get("source") != source:
+        raise DataError(f"{dir} was prepared from another source than conf/data/{name}.yaml: {hint} again")
+    tok = meta["tokenizer"]
+    if tok["ranks_sha256"] != tokenizer.RANKS_SHA256 or tok["vocab_size"] != vocab_size:
+        raise DataError(f"{meta_path}: tokenized with {tok['name']} ({tok['vocab_size']} tokens), but the model expects "
+                        f"GPT-2 with vocab_size={vocab_size}: {hint} again, or set model.vocab_size")
+    for split in splits:
+        if split not in meta["splits"]:
+            raise DataError(f"{meta_path} has no '{split}' split (it has {', '.join(meta['splits'])}): {hint} with the right data= entry")
+        info, path = meta["splits"][split], dir / meta["splits"][split]["file"]
+        if not path.is_file():
+            raise DataError(f"{path} is missing: {hint}")
+        if path.stat().st_size != 2 * info["tokens"]:
+            raise DataError(f"{path} holds {path.stat().st_size // 2} tokens, its metadata says {info['tokens']}: "
+                            f"the file is truncated or replaced, {hint} again")
+        largest, where = scan(path)
+        if largest >= vocab_size:
+            raise DataError(f"{path} holds token {largest} at position {where}, outside the vocabulary of {vocab_size}: "
+                            f"the file is corrupt, {hint} again")
+        if checksums and tokenizer.sha256_file(path) != info["sha256"]:
+            raise DataError(f"{path} does not match the sha256 in {meta_path}: the file is corrupt, {hint} again")
+    return meta
 
 
 class TokenWindows(Dataset):
@@ -39,71 +89,89 @@ class TokenWindows(Dataset):
 
 
 class ShuffledWindows(Sampler[int]):
-    """Every window once per epoch, in an order drawn from (seed, epoch), dealt round-robin to ranks
-    (the last num_windows % world_size windows of each permutation are left out so ranks stay even)."""
+    """The windows of an epoch in a permutation drawn from (seed, epoch) alone.
 
-    def __init__(self, num_windows: int, seed: int, rank: int = 0, world_size: int = 1):
-        self.num_windows, self.seed, self.rank, self.world_size = num_windows, seed, rank, world_size
-        self.epoch = 0
+    The permutation is cut into global batches of batch_size x world_size windows and rank r takes the
+    r-th micro-batch of each, so the ranks together consume the permutation in order, with no overlap
+    and no gap; only a last, incomplete global batch of each epoch is left out. `consumed` counts the
+    micro-batches training has taken in this epoch: it is what a checkpoint stores and a resume skips.
+    """
+
+    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.num_windows, self.batch_size, self.seed = num_windows, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.global_batches = num_windows // (batch_size * world_size)
+        self.epoch, self.consumed = 0, 0
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        if epoch != self.epoch:  # Lightning also calls this on the epoch a resumed run continues
+            self.epoch, self.consumed = epoch, 0
+
+    def order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
 
     def __iter__(self):
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.num_windows)
-        return iter(order[self.rank : len(self) * self.world_size : self.world_size].tolist())
+        order, step = self.order(self.epoch), self.batch_size * self.world_size
+        for g in range(self.consumed, self.global_batches):
+            start = g * step + self.rank * self.batch_size
+            yield from order[start : start + self.batch_size].tolist()
 
     def __len__(self) -> int:
-        return self.num_windows // self.world_size
+        return self.global_batches * self.batch_size
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader whose position in the epoch goes into Lightning checkpoints (Lightning saves and
+    restores the state of any loader with state_dict/load_state_dict), for exact mid-epoch resume."""
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.sampler.epoch, "consumed": self.sampler.consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.epoch, self.sampler.consumed = state["epoch"], state["consumed"]
 
 
 class TokenDataModule(L.LightningDataModule):
-    def __init__(self, name: str, dir: str, seq_len: int, batch_size: int, val_tokens: int, seed: int,
-                 source: dict, num_workers: int = 0):
+    def __init__(self, name: str, dir: str, seq_len: int, vocab_size: int, batch_size: int, val_tokens: int,
+                 seed: int, source: dict, verify_checksums: bool = False, num_workers: int = 0):
         super().__init__()
-        self.name, self.dir, self.seq_len, self.batch_size = name, Path(dir), seq_len, batch_size
-        self.val_tokens, self.seed, self.source, self.num_workers = val_tokens, seed, source, num_workers
+        self.name, self.dir, self.seq_len, self.vocab_size = name, Path(dir), seq_len, vocab_size
+        self.batch_size, self.val_tokens, self.seed, self.source = batch_size, val_tokens, seed, source
+        self.verify_checksums, self.num_workers = verify_checksums, num_workers
         self.meta: dict | None = None
 
     def verify(self) -> dict:
-        """Check the prepared files before anything else happens; return their metadata."""
-        hint = f"run `normlab-prepare data={self.name}`"
-        meta_path = self.dir / META_FILE
-        if not meta_path.is_file():
-            raise DataError(f"data '{self.name}' is not prepared ({meta_path} is missing): {hint}")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError:
-            raise DataError(f"{meta_path} is not valid JSON: {hint} again") from None
-        if meta.get("source") != self.source:
-            raise DataError(f"{self.dir} was prepared from another source than conf/data/{self.name}.yaml: {hint} again")
-        if meta["tokenizer"]["ranks_sha256"] != tokenizer.RANKS_SHA256:
-            raise DataError(f"{self.dir} was tokenized with {meta['tokenizer']['name']}, not GPT-2: {hint} again")
+        """Check the prepared files before training starts; return their metadata."""
+        self.meta = verify_prepared(self.dir, self.name, self.source, self.vocab_size, SPLITS, self.verify_checksums)
         for split in SPLITS:
-            info, path = meta["splits"][split], self.dir / meta["splits"][split]["file"]
-            if not path.is_file():
-                raise DataError(f"{path} is missing: {hint}")
-            if path.stat().st_size != 2 * info["tokens"]:
-                raise DataError(
-                    f"{path} holds {path.stat().st_size // 2} tokens, its metadata says {info['tokens']}: "
-                    f"the file is truncated or replaced, {hint} again"
-                )
-            if info["tokens"] < self.seq_len + 1:
-                raise DataError(f"{path} has {info['tokens']} tokens, fewer than one window of seq_len+1={self.seq_len + 1}")
-        self.meta = meta
-        return meta
+            if self.meta["splits"][split]["tokens"] < self.seq_len + 1:
+                raise DataError(f"{self.dir / split}.bin has {self.meta['splits'][split]['tokens']} tokens, "
+                                f"fewer than one window of seq_len+1={self.seq_len + 1}")
+        available = (self.meta["splits"]["val"]["tokens"] - 1) // self.seq_len * self.seq_len
+        if self.val_tokens is not None and self.val_tokens > available:
+            raise DataError(f"data.val_tokens={self.val_tokens} but the validation split of '{self.name}' holds "
+                            f"{available} tokens in windows of {self.seq_len}: lower it, or set data.val_tokens=null for all")
+        return self.meta
 
     def setup(self, stage: str) -> None:
         if self.meta is None:
             self.verify()
         self.train_windows = TokenWindows(self.dir / "train.bin", self.seq_len)
-        self.val_windows = TokenWindows(self.dir / "val.bin", self.seq_len, max_windows=self.val_tokens // self.seq_len)
+        max_windows = None if self.val_tokens is None else self.val_tokens // self.seq_len
+        self.val_windows = TokenWindows(self.dir / "val.bin", self.seq_len, max_windows=max_windows)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> ResumableLoader:
         rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        sampler = ShuffledWindows(len(self.train_windows), self.seed, rank, world_size)
-        return DataLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler, drop_last=True,
-                          num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
+        sampler = ShuffledWindows(len(self.train_windows), self.batch_size, self.seed, rank, world_size)
+        self.train_loader = ResumableLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler,
+                                            num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
+        return self.train_loader
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        # Called when training takes a batch (after Lightning's prefetching): count what was consumed.
+        if self.trainer is not None and self.trainer.training:
+            self.train_loader.sampler.consumed += 1
+        return batch
 
     def val_dataloader(self) -> DataLoader:
         # Every rank evaluates the same fixed windows, so the logged validation loss does not depend
