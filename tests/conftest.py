@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -50,3 +51,28 @@ def prepared() -> Path:
 def prepared_copy(prepared, tmp_path) -> Path:
     """A private copy of the prepared corpus that a test may damage."""
     return Path(shutil.copytree(prepared, tmp_path / "embedded"))
+
+
+DOCS = [f"Document {i}: " + " ".join(["The quick brown fox jumps over the lazy dog."] * (i % 7 + 1)) + f" Café №{i} 🦊"
+        for i in range(60)]
+
+
+@pytest.fixture(scope="session")
+def local_corpus(tmp_path_factory) -> Path:
+    """DOCS in two local jsonl files, prepared by the real `normlab-prepare data=files` (10% held out)."""
+    root = tmp_path_factory.mktemp("corpus")
+    for part in range(2):
+        with open(root / f"part{part}.jsonl", "w") as f:
+            for i in range(part * 30, part * 30 + 30):
+                f.write(json.dumps({"id": i, "body": DOCS[i]}) + "\n")
+    out = root / "prepared"
+    result = run_cli("normlab-prepare", *local_corpus_config(out), env={"HF_DATASETS_OFFLINE": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def local_corpus_config(prepared: Path) -> list[str]:
+    """The overrides that describe the local corpus prepared in `prepared` (for prepare and train)."""
+    root = prepared.parent
+    return ["data=files", "data.name=local", f"data.dir={prepared}", "data.source.text_column=body",
+            f"data.source.files=[{root}/part0.jsonl,{root}/part1.jsonl]", "data.source.val_fraction=0.1"]
