@@ -11,7 +11,7 @@ from train import tokenizer
 from train.errors import DataError
 
 
-def test_offline_tokenizer_is_gpt2():
+def test_offline_tokenizer_is_gpt2(prepared):
     enc = tokenizer.gpt2()
     assert enc.encode_ordinary("Hello world") == [15496, 995]
     assert enc.n_vocab == 50257 and enc.eot_token == 50256
@@ -76,3 +76,23 @@ def test_no_tokenizer_offline_is_one_clear_error(tmp_path, monkeypatch):
         tokenizer.gpt2()
     with pytest.raises(TokenizerError, match="does not exist"):
         tokenizer.gpt2(tmp_path / "nope.tiktoken")
+
+
+def test_tokenizer_uses_tiktokens_cache_or_a_given_file_offline(prepared, tmp_path, monkeypatch):
+    import hashlib
+    import shutil
+
+    from train.errors import TokenizerError
+
+    monkeypatch.setattr(tokenizer, "RANKS_FILE", tmp_path / "missing.tiktoken")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # no network
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    shutil.copy(tokenizer.DATA_DIR / "tokenizer" / "gpt2.tiktoken", cache / hashlib.sha1(tokenizer.TIKTOKEN_URL.encode()).hexdigest())
+    assert tokenizer.gpt2().encode_ordinary("Hello world") == [15496, 995]
+    given = shutil.copy(tokenizer.DATA_DIR / "tokenizer" / "gpt2.tiktoken", tmp_path / "ranks.tiktoken")
+    assert tokenizer.gpt2(given).encode_ordinary("Hello world") == [15496, 995]
+    (tmp_path / "bad.tiktoken").write_text("aGVsbG8= 0\n")
+    with pytest.raises(TokenizerError, match="not the GPT-2 ranks file"):
+        tokenizer.gpt2(tmp_path / "bad.tiktoken")

@@ -15,7 +15,7 @@ from train.errors import DataError
 
 
 
-def test_tokenizer_is_tiktokens_gpt2():
+def test_tokenizer_is_tiktokens_gpt2(prepared):
     ours = tokenizer.gpt2()
     # tiktoken's own GPT-2 split pattern and special token, with the ranks from our hash-checked file
     reference = tiktoken.Encoding(name="ref", pat_str=openai_public.r50k_pat_str, special_tokens={"<|endoftext|>": 50256},

@@ -123,7 +123,7 @@ def prepare(cfg: DictConfig) -> None:
     """Tokenize the corpus of `data=` into data/<name>/."""
     from train.prepare import prepare as prepare_data
 
-    prepare_data(cfg.data, num_proc=cfg.num_proc)
+    prepare_data(cfg.data, num_proc=cfg.num_proc, ranks_file=cfg.tokenizer_ranks_file)
 
 
 @hydra_app("describe")

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import tarfile
 import time
 from fnmatch import fnmatch
@@ -25,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from train import tokenizer
-from train.errors import DataError
+from train.errors import DataError, NormlabError
 from train.paths import DOWNLOADS_DIR
 from train.tokenizer import fetch_sdist
 
@@ -152,8 +153,11 @@ def write_probe(docs, encoding, path: Path, max_tokens: int, threads: int) -> di
 def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) -> dict:
     """Prepare `data` (a `conf/data` entry) into `data.dir`; return the metadata written."""
     out, source = Path(data.dir), data.source
-    if ranks_file is None:
-        tokenizer.install_ranks_file()
+    if not ranks_file and tokenizer.local_ranks_file() is None:
+        try:
+            tokenizer.install_ranks_file()  # from the package registry, before tiktoken's own download
+        except NormlabError as e:
+            print(f"warning: {e}", file=sys.stderr)
     encoding = tokenizer.gpt2(Path(ranks_file) if ranks_file else None)
     docs = load_documents(data.name, source)
     started = time.perf_counter()

@@ -1,9 +1,9 @@
 """GPT-2 BPE (tiktoken's r50k ranks) that also works on machines without network.
 
-Resolution order: an explicit ranks file, the project's copy (data/tokenizer/gpt2.tiktoken), then
-tiktoken's own `get_encoding("gpt2")` (its cache, or a download). The project's copy is extracted from
-the PyPI sdist of openai-whisper, which ships the same ranks file (checked by hash), so a registry is
-the only network a set-up needs.
+Resolution order: an explicit ranks file (tokenizer_ranks_file=PATH), the project's copy
+(data/tokenizer/gpt2.tiktoken), tiktoken's own cached download; then, when preparing data, the ranks
+file extracted from the PyPI sdist of openai-whisper (which ships the same file, checked by hash), and
+last tiktoken's online download. Every file is checked against the sha256 tiktoken itself expects.
 """
 
 import base64
@@ -26,6 +26,7 @@ EOT = 50256
 # sha256 of the GPT-2 (r50k_base) ranks file, the hash tiktoken itself checks its download against.
 RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 RANKS_FILE = DATA_DIR / "tokenizer" / "gpt2.tiktoken"
+TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 # The regex GPT-2 splits text with before merging (tiktoken's r50k pattern).
 PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
@@ -55,19 +56,32 @@ def encoding_from_ranks(path: Path) -> tiktoken.Encoding:
     )
 
 
-def gpt2(ranks_file: Path | None = None) -> tiktoken.Encoding:
-    """The GPT-2 encoding, from `ranks_file`, the project's copy, or tiktoken (in that order)."""
-    for path in (ranks_file, RANKS_FILE):
-        if path is not None and Path(path).is_file():
-            return encoding_from_ranks(Path(path))
+def local_ranks_file(ranks_file: Path | None = None) -> Path | None:
+    """A GPT-2 ranks file on this machine: `ranks_file`, else the project's copy, else tiktoken's cache."""
     if ranks_file is not None:
-        raise TokenizerError(f"tokenizer ranks file {ranks_file} does not exist")
+        if not Path(ranks_file).is_file():
+            raise TokenizerError(f"tokenizer ranks file {ranks_file} does not exist")
+        return Path(ranks_file)
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or Path(tempfile.gettempdir()) / "data-gym-cache"
+    cached = Path(cache) / hashlib.sha1(TIKTOKEN_URL.encode()).hexdigest()  # where tiktoken keeps its download
+    for path in (RANKS_FILE, cached):
+        if path.is_file() and sha256_file(path) == RANKS_SHA256:
+            return path
+    return None
+
+
+def gpt2(ranks_file: Path | None = None) -> tiktoken.Encoding:
+    """The GPT-2 encoding from a local ranks file (see local_ranks_file), else from tiktoken's download.
+    All hold the same ranks (checked by hash), so the choice changes no token."""
+    path = local_ranks_file(ranks_file)
+    if path is not None:
+        return encoding_from_ranks(path)
     try:
         return tiktoken.get_encoding(NAME)
     except Exception as e:  # tiktoken raises requests' errors, or ValueError on a bad cache
         raise TokenizerError(
-            f"no GPT-2 tokenizer available offline ({type(e).__name__}); on a machine with network run "
-            f"`normlab-prepare` once, or `{FETCH_HINT}` then copy data/ over"
+            f"no GPT-2 tokenizer available offline ({type(e).__name__}): on a machine with network run "
+            f"`{FETCH_HINT}` and then `normlab-prepare`, or copy data/tokenizer/ here, or pass tokenizer_ranks_file=PATH"
         ) from None
 
 
@@ -93,7 +107,8 @@ def fetch_sdist(requirement: str, downloads: Path) -> Path:
 
 
 def install_ranks_file(downloads: Path = DOWNLOADS_DIR) -> Path:
-    """Put the GPT-2 ranks file at RANKS_FILE, extracted from the openai-whisper sdist."""
+    """Put the GPT-2 ranks file at RANKS_FILE, extracted from the openai-whisper sdist (downloaded
+    from the package registry unless it is already in `downloads`)."""
     if RANKS_FILE.is_file() and sha256_file(RANKS_FILE) == RANKS_SHA256:
         return RANKS_FILE
     archive = fetch_sdist(WHISPER_SDIST, downloads)
