@@ -120,16 +120,32 @@ class TokenFile:
 
 
 def write_split(docs: datasets.Dataset, encoding, path: Path, num_proc: int) -> dict:
-    """Tokenize every document (in parallel, results on disk) and stream the tokens into `path`."""
+    """Tokenize every document in parallel and write the tokens, in document order, to `path`.
 
-    def encode(batch):
-        return {"ids": [ids + [tokenizer.EOT] for ids in encoding.encode_ordinary_batch(batch["text"], num_threads=1)]}
+    `datasets.map` gives each of its num_proc workers a contiguous shard; a worker appends its tokens to a
+    shard file as it goes (nothing is kept in memory or in datasets' cache), then the shards are joined."""
+    num_proc = max(1, min(num_proc, len(docs)))
+    shards = [path.with_name(f"{path.name}.shard{rank}") for rank in range(num_proc)]
 
-    tokens = docs.map(encode, batched=True, batch_size=64, remove_columns=docs.column_names,
-                      num_proc=min(num_proc, len(docs)) if num_proc > 1 else None, desc=f"tokenizing {path.stem}")
+    def encode(batch, rank):
+        ids = encoding.encode_ordinary_batch(batch["text"], num_threads=1)
+        with open(shards[rank or 0], "ab") as f:
+            f.write(np.fromiter((t for doc in ids for t in [*doc, tokenizer.EOT]), dtype=np.uint16).tobytes())
+        return {"documents": [1] * len(ids)}
+
+    for shard in shards:
+        shard.unlink(missing_ok=True)
+    counted = docs.map(encode, batched=True, batch_size=64, with_rank=True, remove_columns=docs.column_names,
+                       num_proc=num_proc if num_proc > 1 else None, load_from_cache_file=False,
+                       desc=f"tokenizing {path.stem}")
     out = TokenFile(path)
-    for batch in tqdm(tokens.iter(batch_size=1024), total=-(-len(tokens) // 1024), desc=f"writing {path.name}", unit="batch"):
-        out.write(np.fromiter((t for ids in batch["ids"] for t in ids), dtype=np.int64), len(batch["ids"]))
+    for shard in shards:
+        if shard.exists():
+            tokens = np.memmap(shard, dtype=np.uint16, mode="r") if shard.stat().st_size else np.zeros(0, np.uint16)
+            for start in range(0, len(tokens), 1 << 24):
+                out.write(np.asarray(tokens[start : start + (1 << 24)]), 0)
+            shard.unlink()
+    out.documents = len(counted)
     return out.close()
 
 
