@@ -56,3 +56,15 @@ def test_missing_prepared_data_names_the_command_that_prepares_it(tmp_path):
     result = run_cli("normlab-train", f"data.dir={tmp_path / 'nothing'}", f"run_dir={tmp_path / 'run'}", *FAST_TRAIN)
     one_line_error(result, "data 'embedded' is not prepared", "normlab-prepare data=embedded")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("data", ["embedded", "openwebtext", "wikipedia", "hub", "files"])
+def test_every_data_entry_composes_for_prepare_and_train(data):
+    prep = compose_config("prepare", [f"data={data}"])
+    train = compose_config("train", [f"data={data}"])
+    assert prep.data.source == train.data.source
+    assert train.data._target_ == "train.data.TokenDataModule" and train.data.dir.endswith(f"/data/{train.data.name}")
+    if data == "wikipedia":
+        assert prep.data.source.probe_tokens == 1_000_000 and prep.data.source.streaming
+    if data == "openwebtext":
+        assert prep.data.source.val_fraction == 0.0005 and prep.data.source.split_seed == 2357
