@@ -5,6 +5,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
+
+from train.angles import append_csv, measure, norm_sites
+from train.data import load_probe
 
 
 def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every: int, extra=()) -> list[int]:
@@ -68,3 +72,53 @@ class TokenThroughput(L.Callback):
 
     def on_validation_end(self, trainer, pl_module):
         self._last = None  # restart the clock at the next training batch
+
+
+class AngleCallback(L.Callback):
+    """The angle study during training: at step 0 and at every checkpoint step, runs the probe set through
+    the model (eval mode, no grad, windows split across DDP ranks and the statistics merged), appends the
+    per-layer statistics to <run_dir>/angles.csv and logs them to wandb (scalars and a table)."""
+
+    def __init__(self, csv_path: str, probe_dir: str, probe_split: str, probe_tokens: int | None, seq_len: int,
+                 batch_size: int, every: int, dense_until: int, sparse_every: int, extra_steps=()):
+        self.csv_path, self.batch_size = Path(csv_path), batch_size
+        self.probe_args = (probe_dir, probe_split, probe_tokens, seq_len)
+        self.schedule = dict(every=every, dense_until=dense_until, sparse_every=sparse_every, extra=tuple(extra_steps))
+        self.steps: set[int] = set()
+        self.windows: torch.Tensor | None = None
+
+    def setup(self, trainer, pl_module, stage):
+        self.steps = set(checkpoint_steps(trainer.max_steps, **self.schedule))
+        self.windows = load_probe(*self.probe_args, vocab_size=pl_module.model.config.vocab_size)
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.global_step == 0:
+            self._probe(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step in self.steps and (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
+            self._probe(trainer, pl_module)
+
+    def _probe(self, trainer, pl_module) -> None:
+        model = pl_module.model
+        mine = self.windows[trainer.global_rank :: trainer.world_size]  # every window on exactly one rank
+        batches = [(b.to(pl_module.device), None) for b in mine.split(self.batch_size)]
+        was_training = model.training
+        model.eval()
+        stats = measure(lambda ids, mask: model.hidden(ids), norm_sites(model, "normlab"), model.config.n_embd, batches, pl_module.device)
+        model.train(was_training)
+        if trainer.is_global_zero:
+            records = stats.records(trainer.global_step)
+            append_csv(self.csv_path, records)
+            self._log_wandb(trainer, records)
+
+    @staticmethod
+    def _log_wandb(trainer, records: list[dict]) -> None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                scalars = {f"angles/{r['reference']}/{r['site']}/layer{r['layer']:02d}": r["mean_deg"]
+                           for r in records if r["position"] == "all"}
+                logger.log_metrics(scalars, step=trainer.global_step)
+                columns = list(records[0])
+                logger.log_table(key="angles/table", columns=columns, data=[[r[c] for c in columns] for r in records],
+                                 step=trainer.global_step)

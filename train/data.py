@@ -35,7 +35,7 @@ def scan(path: Path) -> tuple[int, int]:
     return largest, where
 
 
-def verify_prepared(dir: Path, name: str, source: dict, vocab_size: int, splits, checksums: bool) -> dict:
+def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, splits, checksums: bool) -> dict:
     """Check prepared token files against their metadata and the model; one clear error per problem."""
     hint = f"run `normlab-prepare data={name}`"
     meta_path = dir / META_FILE
@@ -45,7 +45,7 @@ def verify_prepared(dir: Path, name: str, source: dict, vocab_size: int, splits,
         meta = json.loads(meta_path.read_text())
     except json.JSONDecodeError:
         raise DataError(f"{meta_path} is not valid JSON: {hint} again") from None
-    if meta.get("source") != source:
+    if source is not None and meta.get("source") != source:
         raise DataError(f"{dir} was prepared from another source than conf/data/{name}.yaml: {hint} again")
     tok = meta["tokenizer"]
     if tok["ranks_sha256"] != tokenizer.RANKS_SHA256 or tok["vocab_size"] != vocab_size:
@@ -67,6 +67,19 @@ def verify_prepared(dir: Path, name: str, source: dict, vocab_size: int, splits,
         if checksums and tokenizer.sha256_file(path) != info["sha256"]:
             raise DataError(f"{path} does not match the sha256 in {meta_path}: the file is corrupt, {hint} again")
     return meta
+
+
+def load_probe(dir: str, split: str, tokens: int | None, seq_len: int, vocab_size: int = tokenizer.VOCAB_SIZE) -> torch.Tensor:
+    """The probe set: the first `tokens` tokens (None: all) of a prepared split, as [windows, seq_len]."""
+    dir = Path(dir)
+    meta = verify_prepared(dir, dir.name, None, vocab_size, (split,), checksums=False)
+    available = meta["splits"][split]["tokens"] // seq_len * seq_len
+    if tokens is not None and tokens > available:
+        raise DataError(f"the probe set {dir / meta['splits'][split]['file']} holds {available:,} tokens in windows of "
+                        f"{seq_len}, fewer than the {tokens:,} asked: lower probe.tokens, or prepare a larger probe set")
+    n = (available if tokens is None else tokens) // seq_len
+    data = np.fromfile(dir / meta["splits"][split]["file"], dtype=np.uint16, count=n * seq_len)
+    return torch.from_numpy(data.astype(np.int64)).view(n, seq_len)
 
 
 class TokenWindows(Dataset):

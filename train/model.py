@@ -91,13 +91,17 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.hidden(idx))
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final norm's output: everything but the LM head (all the angle study needs)."""
         T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
         h = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.blocks:
             h = block(h)
-        return self.lm_head(self.ln_f(h))
+        return self.ln_f(h)
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

@@ -1,6 +1,9 @@
-"""normlab-report RUN_OR_SWEEP_DIR...: loss curves (LN vs RMS, train and val) and a summary table.
+"""normlab-report RUN_OR_SWEEP_DIR...: figures and a summary of normlab runs, LN and RMS side by side.
 
-Writes <out>/loss.png and <out>/summary.md (out defaults to <first dir>/report) and prints the table.
+Writes into <out> (default <first dir>/report): loss.png (training and validation loss); for runs with
+angles.csv, angles_by_layer_<model>.png (per-layer angle to 1, a~ and b~ before and after the norms, mean +- std
+at the last checkpoint, with the null band; the paper's figures 3, 4, 6-13) and angles_training_<run>.png (the
+pre-norm angle of every layer across checkpoints; figures 14-37); summary.md with the tables. Prints the tables.
 """
 
 import argparse
@@ -18,7 +21,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
+from train.angles import REFERENCES, read_csv  # noqa: E402
+
 NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red"}
+REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random a~ (norm sqrt d)", "random_b": "random b~ (other norm)"}
+REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 
 
 @dataclass
@@ -26,6 +33,7 @@ class Run:
     dir: Path
     config: dict
     metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    angles: list[dict] = field(default_factory=list)
 
     @property
     def norm(self) -> str:
@@ -46,6 +54,8 @@ def load_run(run_dir: Path) -> Run:
             for key, value in row.items():
                 if key not in ("step", "epoch") and value:
                     run.metrics.setdefault(key, []).append((int(row["step"]), float(value)))
+    if (run_dir / "angles.csv").is_file():
+        run.angles = read_csv(run_dir / "angles.csv")
     return run
 
 
@@ -89,6 +99,85 @@ def plot_losses(runs: list[Run], path: Path) -> None:
     plt.close(fig)
 
 
+def angle_rows(run: Run, site_suffix: str, step: int | None = None) -> list[dict]:
+    """The run's angle rows (all positions) at `step` (default: its last) for sites ending in site_suffix."""
+    step = max(r["step"] for r in run.angles) if step is None else step
+    return [r for r in run.angles if r["step"] == step and r["position"] == "all" and r["site"].endswith(site_suffix)]
+
+
+def null_band(ax, rows: list[dict]) -> None:
+    if rows:
+        std = rows[0]["null_std_deg"]
+        ax.axhspan(90 - std, 90 + std, color="grey", alpha=0.2, lw=0, label="null: 90 ± (180/π)/√d")
+
+
+def plot_angles_by_layer(runs: list[Run], path: Path) -> None:
+    """Rows: norm input (pre) and output (post); columns: the three references; x: layer."""
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True, squeeze=False)
+    for row, (io, io_label) in enumerate((("input", "before the norm"), ("output", "after the norm (affine included)"))):
+        for col, reference in enumerate(REFERENCES):
+            ax = axes[row][col]
+            for k, run in enumerate(runs):
+                rows = sorted((r for r in angle_rows(run, f".{io}") if r["reference"] == reference),
+                              key=lambda r: (r["layer"], r["site"]))
+                x = [r["layer"] + (0.3 if r["site"].startswith("mlp") else 0.0) + 0.08 * k for r in rows]
+                ax.errorbar(x, [r["mean_deg"] for r in rows], yerr=[r["std_deg"] for r in rows], fmt="o", ms=3,
+                            capsize=2, color=NORM_COLORS.get(run.norm), label=run.label)
+                if k == 0:
+                    null_band(ax, rows)
+            ax.set_title(f"{REFERENCE_LABELS[reference]}, {io_label}", fontsize=9)
+            ax.grid(alpha=0.3)
+    for ax in axes[1]:
+        ax.set_xlabel("layer (x.0 attention norm, x.3 MLP norm; last: final norm)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("angle (degrees), mean ± std")
+    axes[0][0].legend(fontsize=7)
+    step = max(r["step"] for r in runs[0].angles)
+    fig.suptitle(f"{runs[0].config['model']['name']}: angle between hidden vectors and reference vectors, step {step:,}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_angles_training(run: Run, path: Path) -> None:
+    """One panel per layer: the attention norm's input (the residual stream h) across checkpoints."""
+    layers = sorted({r["layer"] for r in run.angles})
+    cols = min(4, len(layers))
+    fig, axes = plt.subplots(-(-len(layers) // cols), cols, figsize=(4 * cols, 2.8 * -(-len(layers) // cols)),
+                             squeeze=False, sharex=True)
+    for ax, layer in zip(axes.flat, layers):
+        site = "final_norm.input" if layer == layers[-1] else "attn_norm.input"
+        for reference in REFERENCES:
+            rows = sorted((r for r in run.angles if r["layer"] == layer and r["site"] == site
+                           and r["reference"] == reference and r["position"] == "all"), key=lambda r: r["step"])
+            ax.errorbar([r["step"] for r in rows], [r["mean_deg"] for r in rows], yerr=[r["std_deg"] for r in rows],
+                        fmt="o-", ms=3, capsize=2, color=REFERENCE_COLORS[reference], label=REFERENCE_LABELS[reference])
+        null_band(ax, rows)
+        ax.set_title(f"layer {layer} ({site.split('.')[0].replace('_', ' ')} input)", fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(layers):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    fig.supxlabel("training step")
+    fig.supylabel("angle (degrees), mean ± std")
+    fig.suptitle(f"{run.label}: hidden vectors before normalization, during training")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def angle_table(runs: list[Run]) -> str:
+    lines = ["| run | step | angle to 1 before the norms: layer means (min .. max) | largest std | null std |",
+             "|---|---:|---:|---:|---:|"]
+    for run in runs:
+        rows = [r for r in angle_rows(run, ".input") if r["reference"] == "uniform"] if run.angles else []
+        if rows:
+            means = [r["mean_deg"] for r in rows]
+            lines.append(f"| {run.label} | {rows[0]['step']:,} | {min(means):.2f} .. {max(means):.2f} | "
+                         f"{max(r['std_deg'] for r in rows):.2f} | {rows[0]['null_std_deg']:.2f} |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def summary_table(runs: list[Run]) -> str:
     lines = ["| run | parameters | final val loss | tokens/s (median) |", "|---|---:|---:|---:|"]
     by_norm = defaultdict(list)
@@ -117,6 +206,15 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or args.paths[0] / "report"
     out.mkdir(parents=True, exist_ok=True)
     plot_losses(runs, out / "loss.png")
-    table = summary_table(runs)
-    (out / "summary.md").write_text(f"# normlab report\n\n![losses](loss.png)\n\n{table}")
-    print(table + f"\nwrote {out / 'loss.png'} and {out / 'summary.md'}")
+    figures = ["loss.png"]
+    with_angles = [r for r in runs if r.angles]
+    for model in sorted({r.config["model"]["name"] for r in with_angles}):
+        figures.append(f"angles_by_layer_{model}.png")
+        plot_angles_by_layer([r for r in with_angles if r.config["model"]["name"] == model], out / figures[-1])
+    for run in with_angles:
+        figures.append(f"angles_training_{run.dir.name}.png")
+        plot_angles_training(run, out / figures[-1])
+    tables = summary_table(runs) + "\n" + angle_table(runs)
+    images = "".join(f"![{f}]({f})\n\n" for f in figures)
+    (out / "summary.md").write_text(f"# normlab report\n\n{tables}\n{images}")
+    print(tables + f"\nwrote {len(figures)} figures and summary.md to {out}")

@@ -1,0 +1,241 @@
+"""The angle study: streaming statistics of the angle between hidden vectors and reference vectors.
+
+For every norm layer, forward hooks see the norm's input (h for the attention norm, h + a for the MLP norm,
+the last residual stream for the final norm) and its output after the affine map, and reduce them at once
+to statistics; nothing else is kept, so memory does not depend on the number of tokens. Per
+(layer, site, reference, position) a row holds count, mean, M2 (Welford/Chan, float64), min, max, a 1-degree
+histogram, the mean norm of the vectors and the mean cos^2 of the angle (the share of their squared norm that
+lies along the reference). References: the uniform vector 1, a random vector a~ with the same norm sqrt(d)
+and a random vector b~ with another norm (fixed seeds). Rows at site "<norm>.rotation" hold the angle between
+each norm's input and output. Position "all" counts every token, "first" only the first of each sequence.
+Null model: a random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector.
+"""
+
+import csv
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+REFERENCES = ("uniform", "random_a", "random_b")
+POSITIONS = ("all", "first")
+BINS = 180  # 1-degree histogram over [0, 180]
+CSV_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg", "max_deg",
+               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d")
+
+
+@dataclass(frozen=True)
+class NormSite:
+    """A norm module to watch: `role` is attn_norm, mlp_norm or final_norm; final_norm has layer = n_layer."""
+    layer: int
+    role: str
+    module: nn.Module
+
+
+# Where the norms are, per architecture: (list of blocks, attention norm, MLP norm or None, final norm).
+LAYOUTS = {
+    "normlab": ("blocks", "ln_1", "ln_2", "ln_f"),
+    "gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),
+    "gpt_neo": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),
+    "gptj": ("transformer.h", "ln_1", None, "transformer.ln_f"),  # attention and MLP share one norm
+    "gpt_neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm"),
+    "llama": ("model.layers", "input_layernorm", "post_attention_layernorm", "model.norm"),
+}
+
+
+def norm_sites(model: nn.Module, layout: str) -> list[NormSite]:
+    """The norm modules of `model` (an architecture of LAYOUTS), in forward order."""
+    blocks, attn_norm, mlp_norm, final_norm = LAYOUTS[layout]
+    sites = []
+    for i, block in enumerate(model.get_submodule(blocks)):
+        sites.append(NormSite(i, "attn_norm", block.get_submodule(attn_norm)))
+        if mlp_norm is not None:
+            sites.append(NormSite(i, "mlp_norm", block.get_submodule(mlp_norm)))
+    sites.append(NormSite(len(model.get_submodule(blocks)), "final_norm", model.get_submodule(final_norm)))
+    return sites
+
+
+def reference_vectors(d: int, seed_a: int = 1, seed_b: int = 2, norm_b: float = 0.5) -> torch.Tensor:
+    """[3, d]: the uniform vector 1 (norm sqrt d), a~ of norm sqrt(d) and b~ of norm norm_b * sqrt(d)."""
+    gen_a, gen_b = torch.Generator().manual_seed(seed_a), torch.Generator().manual_seed(seed_b)
+    a, b = torch.randn(d, generator=gen_a, dtype=torch.float64), torch.randn(d, generator=gen_b, dtype=torch.float64)
+    return torch.stack([torch.ones(d, dtype=torch.float64), a / a.norm() * d**0.5, b / b.norm() * norm_b * d**0.5])
+
+
+class AngleStats:
+    """Mergeable statistics of many angle series at once, one row per (layer, site, reference, position)."""
+
+    def __init__(self, rows: list[tuple[int, str, str, str]], d: int, device=None):
+        self.rows, self.d = rows, d
+        self.index = {row: i for i, row in enumerate(rows)}
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        self.count, self.mean, self.m2 = zeros(len(rows)), zeros(len(rows)), zeros(len(rows))
+        self.min, self.max = zeros(len(rows)).fill_(math.inf), zeros(len(rows)).fill_(-math.inf)
+        self.hist, self.norm_sum, self.cos2_sum = zeros(len(rows), BINS), zeros(len(rows)), zeros(len(rows))
+
+    TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum")
+
+    def update(self, rows: list[int], degrees: torch.Tensor, norms: torch.Tensor, cos2: torch.Tensor) -> None:
+        """Add the values degrees[k, :] (and their vectors' norms[:], cos2[k, :]) to row rows[k]."""
+        n = degrees.shape[1]
+        if n == 0:
+            return
+        idx = torch.tensor(rows, device=degrees.device)
+        degrees = degrees.double()
+        mean_b = degrees.mean(1)
+        m2_b = ((degrees - mean_b[:, None]) ** 2).sum(1)
+        self._merge_moments(idx, torch.full_like(mean_b, n), mean_b, m2_b)
+        self.min[idx] = torch.minimum(self.min[idx], degrees.amin(1))
+        self.max[idx] = torch.maximum(self.max[idx], degrees.amax(1))
+        bins = degrees.long().clamp_(0, BINS - 1) + torch.arange(len(rows), device=degrees.device)[:, None] * BINS
+        counts = torch.bincount(bins.flatten(), minlength=len(rows) * BINS).view(len(rows), BINS)
+        self.hist[idx] += counts.double()
+        self.norm_sum[idx] += norms.double().sum()
+        self.cos2_sum[idx] += cos2.double().sum(1)
+
+    def _merge_moments(self, idx, n_b, mean_b, m2_b) -> None:
+        n_a, mean_a = self.count[idx], self.mean[idx]
+        total = n_a + n_b
+        delta = mean_b - mean_a
+        self.mean[idx] = mean_a + delta * n_b / total
+        self.m2[idx] = self.m2[idx] + m2_b + delta**2 * n_a * n_b / total
+        self.count[idx] = total
+
+    def merge(self, other: "AngleStats") -> "AngleStats":
+        """Combine with statistics of other tokens (Chan et al.): the result is that of one pass over both."""
+        assert other.rows == self.rows
+        idx = torch.nonzero(other.count, as_tuple=True)[0]
+        if len(idx):
+            self._merge_moments(idx, other.count[idx], other.mean[idx], other.m2[idx])
+        self.min, self.max = torch.minimum(self.min, other.min), torch.maximum(self.max, other.max)
+        self.hist += other.hist
+        self.norm_sum += other.norm_sum
+        self.cos2_sum += other.cos2_sum
+        return self
+
+    def all_reduce(self) -> "AngleStats":
+        """Merge the statistics of every DDP rank, in rank order, into every rank's copy."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self
+        flat = torch.cat([getattr(self, t).reshape(len(self.rows), -1) for t in self.TENSORS], 1)
+        gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, flat)
+        merged = AngleStats(self.rows, self.d, flat.device)
+        for tensor in gathered:
+            merged.merge(AngleStats.from_flat(self.rows, self.d, tensor))
+        return merged
+
+    @classmethod
+    def from_flat(cls, rows, d, flat: torch.Tensor) -> "AngleStats":
+        stats = cls(rows, d, flat.device)
+        widths = [BINS if t == "hist" else 1 for t in cls.TENSORS]
+        for name, part in zip(cls.TENSORS, flat.split(widths, 1)):
+            setattr(stats, name, part.squeeze(1) if part.shape[1] == 1 else part.clone())
+        return stats
+
+    def records(self, step: int) -> list[dict]:
+        """One CSV row per statistics row that saw tokens."""
+        null_std = math.degrees(1 / math.sqrt(self.d))
+        count, mean, m2 = self.count.cpu(), self.mean.cpu(), self.m2.cpu()
+        out = []
+        for i, (layer, site, reference, position) in enumerate(self.rows):
+            n = count[i].item()
+            if n == 0:
+                continue
+            out.append({"step": step, "layer": layer, "site": site, "reference": reference, "position": position,
+                        "count": int(n), "mean_deg": mean[i].item(), "std_deg": math.sqrt(m2[i].item() / n),
+                        "min_deg": self.min[i].item(), "max_deg": self.max[i].item(),
+                        "mean_norm": self.norm_sum[i].item() / n, "mean_cos2": self.cos2_sum[i].item() / n,
+                        "null_mean_deg": 90.0, "null_std_deg": null_std, "d": self.d})
+        return out
+
+
+def stat_rows(sites: list[NormSite]) -> list[tuple[int, str, str, str]]:
+    rows = []
+    for s in sites:
+        for position in POSITIONS:
+            rows += [(s.layer, f"{s.role}.{io}", ref, position) for io in ("input", "output") for ref in REFERENCES]
+            rows.append((s.layer, f"{s.role}.rotation", "input", position))
+    return rows
+
+
+class AngleProbe:
+    """Forward hooks on the norm modules that feed AngleStats; `mask` ([B, T] bool, True = real token)
+    must be set before each forward when batches are padded."""
+
+    def __init__(self, sites: list[NormSite], d: int, device=None, **reference_kwargs):
+        self.sites, self.d = sites, d
+        self.stats = AngleStats(stat_rows(sites), d, device)
+        self.references = reference_vectors(d, **reference_kwargs).to(device=device, dtype=torch.float32)
+        self.reference_norms = self.references.norm(dim=1)
+        self.mask: torch.Tensor | None = None
+
+    @contextmanager
+    def hooks(self):
+        handles = [s.module.register_forward_hook(self._hook(s)) for s in self.sites]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, site: NormSite):
+        def hook(module, args, output):
+            x = args[0] if args else None
+            y = output[0] if isinstance(output, tuple) else output
+            self._observe(site, x.detach().float(), y.detach().float())
+
+        return hook
+
+    def _observe(self, site: NormSite, x: torch.Tensor, y: torch.Tensor) -> None:
+        mask = self.mask if self.mask is not None else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        first = mask[:, 0]
+        for position, select in (("all", lambda t: t[mask]), ("first", lambda t: t[:, 0][first])):
+            xs, ys = select(x), select(y)
+            for io, v in (("input", xs), ("output", ys)):
+                norms = v.norm(dim=1)
+                cos = (v @ self.references.T) / (norms[:, None] * self.reference_norms).clamp_min(1e-30)
+                rows = [self.stats.index[(site.layer, f"{site.role}.{io}", ref, position)] for ref in REFERENCES]
+                self.stats.update(rows, torch.rad2deg(torch.acos(cos.clamp(-1, 1))).T, norms, (cos**2).T)
+            cos = (xs * ys).sum(1) / (xs.norm(dim=1) * ys.norm(dim=1)).clamp_min(1e-30)
+            row = self.stats.index[(site.layer, f"{site.role}.rotation", "input", position)]
+            self.stats.update([row], torch.rad2deg(torch.acos(cos.clamp(-1, 1)))[None], xs.norm(dim=1), cos[None] ** 2)
+
+
+@torch.no_grad()
+def measure(forward, sites: list[NormSite], d: int, batches, device=None, **reference_kwargs) -> AngleStats:
+    """Run `forward(ids, mask)` over `batches` of (ids, mask or None) with the hooks on; return the stats
+    (merged over DDP ranks when a process group is initialised)."""
+    probe = AngleProbe(sites, d, device, **reference_kwargs)
+    with probe.hooks():
+        for ids, mask in batches:
+            probe.mask = mask
+            forward(ids, mask)
+    return probe.stats.all_reduce()
+
+
+def append_csv(path: Path, records: list[dict]) -> None:
+    """Append `records` to the CSV at `path`, first dropping rows of the same or later steps (so that a
+    resumed run rewrites what a killed one left, without duplicates)."""
+    step = min(r["step"] for r in records)
+    kept = []
+    if path.is_file():
+        with open(path, newline="") as f:
+            kept = [row for row in csv.DictReader(f) if int(row["step"]) < step]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(kept + records)
+    tmp.replace(path)
+
+
+def read_csv(path: Path) -> list[dict]:
+    numeric = {"step": int, "layer": int, "count": int, "d": int}
+    with open(path, newline="") as f:
+        return [{k: numeric.get(k, float)(v) if k not in ("site", "reference", "position") else v for k, v in row.items()}
+                for row in csv.DictReader(f)]
