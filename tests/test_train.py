@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from train.cli import build_module
+from train.angles import read_csv
 from train.module import lr_factor
 
 NORMS = ("layernorm", "rmsnorm")
@@ -58,6 +59,24 @@ def test_metrics_csv_has_loss_lr_and_tokens_per_second_at_every_step(sweep, norm
     peak, warmup = 3e-3, 1  # tiny preset lr; 1% of 6 steps rounds up to one warm-up step
     for step, lr in metrics["lr-AdamW/pg1"].items():
         assert lr == pytest.approx(peak * lr_factor(step, warmup, 6, 0.1))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_checkpoint(sweep, norm):
+    run = sweep / f"tiny-{norm}-seed0"
+    rows = read_csv(run / "angles.csv")
+    assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]  # the checkpoint schedule
+    at_0 = [r for r in rows if r["step"] == 0]
+    assert {(r["layer"], r["site"]) for r in at_0} == {(layer, f"{role}.{io}") for layer in range(2) for role in
+                                                       ("attn_norm", "mlp_norm") for io in ("input", "output", "rotation")} | {
+        (2, "final_norm.input"), (2, "final_norm.output"), (2, "final_norm.rotation")}
+    probe_tokens = (88015 // 128) * 128  # the embedded held-out split, in windows of the model's context
+    assert {r["count"] for r in at_0 if r["position"] == "all"} == {probe_tokens}
+    assert {r["count"] for r in at_0 if r["position"] == "first"} == {probe_tokens // 128}
+    ln_out = [r for r in at_0 if r["site"] == "attn_norm.output" and r["reference"] == "uniform"]
+    if norm == "layernorm":  # at step 0 gamma = 1, beta = 0: LN's output is orthogonal to 1 by construction
+        assert all(abs(r["mean_deg"] - 90) < 1e-3 and r["std_deg"] < 1e-3 for r in ln_out)
+    assert all(r["null_std_deg"] == pytest.approx(math.degrees(1 / 8)) for r in rows)  # d = 64
 
 
 def test_lr_schedule_warms_up_linearly_then_decays_to_ten_percent():
@@ -114,3 +133,6 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "tiny layernorm seed 0" in summary and "tiny rmsnorm seed 0" in summary
     assert "| 6,541,184 |" in summary and "| 6,540,864 |" in summary  # LN has (2L+1) d = 5 x 64 more
+    for figure in ("angles_by_layer_tiny.png", "angles_training_tiny-layernorm-seed0.png", "angles_training_tiny-rmsnorm-seed0.png"):
+        assert (tmp_path / figure).stat().st_size > 10_000 and f"({figure})" in summary
+    assert "angle to 1 before the norms" in summary

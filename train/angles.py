@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from tqdm import tqdm
 
 REFERENCES = ("uniform", "random_a", "random_b")
 POSITIONS = ("all", "first")
@@ -239,3 +240,87 @@ def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         return [{k: numeric.get(k, float)(v) if k not in ("site", "reference", "position") else v for k, v in row.items()}
                 for row in csv.DictReader(f)]
+
+
+# -- normlab-angles: the same statistics for saved normlab checkpoints and local Hugging Face models
+
+
+def load_normlab(path: Path) -> tuple[nn.Module, int]:
+    """A normlab model from a Lightning checkpoint (its config rides in the checkpoint) and its step."""
+    from omegaconf import OmegaConf
+
+    from train.cli import build_model
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    model = build_model(OmegaConf.create(ckpt["hyper_parameters"]["config"]))
+    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")})
+    return model, ckpt["global_step"]
+
+
+def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> torch.Tensor:
+    """The probe for a Hugging Face model: its text re-tokenized with the model's own tokenizer when the
+    directory has one, else the GPT-2 ids themselves (which needs a GPT-2-sized vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from train import tokenizer as gpt2
+
+    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
+        if vocab_size < gpt2.VOCAB_SIZE:
+            raise SystemExit(f"normlab-angles: error: {path} has no tokenizer and a vocabulary of {vocab_size} < 50257: "
+                             "add the model's tokenizer files")
+        return probe[:, :seq_len]
+    tok = AutoTokenizer.from_pretrained(path)
+    documents = gpt2.gpt2().decode(probe.flatten().tolist()).split("<|endoftext|>")
+    ids = [t for doc in documents if doc for t in tok(doc)["input_ids"] + [tok.eos_token_id or 0]]
+    n = min(len(ids) // seq_len, probe.numel() // seq_len)
+    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from train.data import load_probe
+
+    parser = argparse.ArgumentParser(prog="normlab-angles", description="Angle statistics (angles.csv) for normlab "
+                                     "checkpoints or run directories, or local Hugging Face causal LM directories.")
+    parser.add_argument("paths", nargs="+", type=Path, help="a .ckpt, a run directory (all its checkpoints) or a HF model directory")
+    parser.add_argument("--probe-dir", default="data/embedded", help="a prepared data directory (default: data/embedded)")
+    parser.add_argument("--split", default="val", help="its split to probe with (val, or probe for data=wikipedia)")
+    parser.add_argument("--tokens", type=int, default=None, help="probe tokens (default: all of the split)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's context, at most 1024)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="CSV to write (default: checkpoints/angles/<name>.csv)")
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        if (path / "config.json").is_file():
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.from_pretrained(path)
+            if config.model_type not in LAYOUTS:
+                parser.exit(2, f"normlab-angles: error: {path}: model type {config.model_type} is not supported "
+                               f"(supported: {', '.join(k for k in LAYOUTS if k != 'normlab')})\n")
+            seq_len = args.seq_len or min(1024, getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024))
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # raw weights: nothing folded
+            windows = hf_windows(path, load_probe(args.probe_dir, args.split, args.tokens, seq_len), config.vocab_size, seq_len)
+            runs = [(model, 0, config.model_type, lambda ids, mask, m=model: m.base_model(input_ids=ids, attention_mask=mask))]
+        else:
+            ckpts = sorted(path.glob("checkpoints/step-*.ckpt")) if path.is_dir() else [path]
+            if not ckpts:
+                parser.exit(2, f"normlab-angles: error: no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {path}\n")
+            runs = []
+            for ckpt in ckpts:
+                model, step = load_normlab(ckpt)
+                runs.append((model, step, "normlab", lambda ids, mask, m=model: m.hidden(ids)))
+            seq_len = args.seq_len or min(1024, runs[0][0].config.block_size)
+            windows = load_probe(args.probe_dir, args.split, args.tokens, seq_len, runs[0][0].config.vocab_size)
+        out = args.out or Path("checkpoints/angles") / f"{path.resolve().name}.csv"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for model, step, layout, forward in runs:
+            model.to(args.device).eval()
+            d = model.config.hidden_size if layout != "normlab" else model.config.n_embd
+            batches = [(b.to(args.device), torch.ones_like(b, dtype=torch.bool)) for b in windows.split(args.batch_size)]
+            stats = measure(forward, norm_sites(model, layout), d, tqdm(batches, desc=f"{path.name} step {step}", unit="batch"), args.device)
+            append_csv(out, stats.records(step))
+            model.cpu()
+        print(f"wrote {out} ({len(runs)} checkpoint{'s' * (len(runs) > 1)}, {windows.numel():,} probe tokens)")

@@ -1,0 +1,193 @@
+"""The angle statistics: checked against known geometry, batching and DDP merging, and the hooks of
+every supported architecture (tiny random models built from their configs, no downloads)."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import run_cli
+from train.angles import LAYOUTS, AngleProbe, NormSite, measure, norm_sites, read_csv
+from train.model import GPT, GPTConfig
+from train.norms import LayerNorm, RMSNorm
+
+
+def identity_probe(d):
+    """Statistics of raw vectors: a 'norm' that is the identity, watched by the real hooks."""
+    module = nn.Identity()
+    return module, [NormSite(0, "attn_norm", module)]
+
+
+def records_of(stats, site="attn_norm.input", position="all"):
+    return {r["reference"]: r for r in stats.records(0) if r["site"] == site and r["position"] == position}
+
+
+def test_random_gaussian_vectors_match_the_null_model():
+    d, n = 256, 40_000
+    module, sites = identity_probe(d)
+    x = torch.randn(n // 100, 100, d, generator=torch.Generator().manual_seed(0))
+    stats = measure(lambda ids, mask: module(ids), sites, d, [(x, None)])
+    null_std = math.degrees(1 / math.sqrt(d))
+    for reference, r in records_of(stats).items():
+        assert r["count"] == n and r["null_std_deg"] == pytest.approx(null_std)
+        assert abs(r["mean_deg"] - 90) < 4 * null_std / math.sqrt(n), reference  # sampling error of the mean
+        assert r["std_deg"] == pytest.approx(null_std, rel=0.03), reference  # (180/pi)/sqrt(d), large-d limit
+        assert r["mean_cos2"] == pytest.approx(1 / d, rel=0.05)
+        assert r["mean_norm"] == pytest.approx(math.sqrt(d), rel=0.01)
+
+
+@pytest.mark.parametrize("t", [0.0, 0.1, 1.0, -2.0])
+def test_planted_component_along_uniform_gives_the_analytic_angle(t):
+    d = 128
+    module, sites = identity_probe(d)
+    u = torch.randn(d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    u -= u.mean()  # orthogonal to 1
+    u *= 3.0 / u.norm()
+    x = (u + t).float().expand(4, 10, d).clone()
+    stats = measure(lambda ids, mask: module(ids), sites, d, [(x, None)])
+    r = records_of(stats)["uniform"]
+    expected = math.degrees(math.atan2(3.0, t * math.sqrt(d)))
+    assert r["mean_deg"] == pytest.approx(expected, abs=1e-3) and r["std_deg"] < 1e-3
+    assert r["min_deg"] == pytest.approx(expected, abs=1e-3) and r["max_deg"] == pytest.approx(expected, abs=1e-3)
+    assert r["mean_cos2"] == pytest.approx(t * t * d / (t * t * d + 9.0), abs=1e-6)
+
+
+@pytest.mark.parametrize("norm", [LayerNorm, RMSNorm])
+def test_mean_centred_writing_weights_put_every_norm_input_at_exactly_90_degrees(norm):
+    model = GPT(GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=500), norm)
+    model.init_weights(0)
+    with torch.no_grad():  # everything that writes to the residual stream writes vectors orthogonal to 1
+        for emb in (model.wte, model.wpe):
+            emb.weight -= emb.weight.mean(1, keepdim=True)
+        for block in model.blocks:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight -= proj.weight.mean(0, keepdim=True)
+                proj.bias -= proj.bias.mean()
+    ids = torch.randint(0, 500, (4, 32), generator=torch.Generator().manual_seed(2))
+    stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 64, [(ids, None)])
+    inputs = [r for r in stats.records(0) if r["site"].endswith(".input") and r["reference"] == "uniform"]
+    assert len(inputs) == 2 * (2 * 3 + 1)
+    for r in inputs:
+        assert abs(r["min_deg"] - 90) < 1e-3 and abs(r["max_deg"] - 90) < 1e-3, r
+
+
+def test_batched_statistics_equal_one_pass():
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
+    model.init_weights(3)
+    ids = torch.randint(0, 300, (12, 16), generator=torch.Generator().manual_seed(4))
+    forward = lambda i, m: model.hidden(i)  # noqa: E731
+    sites = norm_sites(model, "normlab")
+    one_pass = measure(forward, sites, 32, [(ids, None)])
+    batched = measure(forward, sites, 32, [(b, None) for b in ids.split(5)])
+    merged = measure(forward, sites, 32, [(ids[:7], None)]).merge(measure(forward, sites, 32, [(ids[7:], None)]))
+    for other in (batched, merged):
+        for a, b in zip(one_pass.records(0), other.records(0), strict=True):
+            assert a["count"] == b["count"] and a["min_deg"] == b["min_deg"] and a["max_deg"] == b["max_deg"]
+            for key in ("mean_deg", "std_deg", "mean_norm", "mean_cos2"):
+                assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-9), key
+        assert torch.equal(one_pass.hist, other.hist)
+
+
+def test_padding_is_masked_and_first_positions_are_reported_separately():
+    d = 16
+    module, sites = identity_probe(d)
+    x = torch.randn(3, 5, d)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    x[~mask] = 1.0  # padding: exactly along 1, would give 0 degrees if counted
+    stats = measure(lambda ids, m: module(ids), sites, d, [(x, mask)])
+    assert records_of(stats)["uniform"]["count"] == 10 and records_of(stats)["uniform"]["min_deg"] > 1
+    assert records_of(stats, position="first")["uniform"]["count"] == 3
+
+
+DDP_SCRIPT = """
+import sys, torch, torch.distributed as dist
+from train.angles import measure, norm_sites
+from train.model import GPT, GPTConfig
+from train.norms import RMSNorm
+rank, world, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{path}.rendezvous", rank=rank, world_size=world)
+model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
+model.init_weights(3)
+ids = torch.randint(0, 300, (10, 16), generator=torch.Generator().manual_seed(4))
+stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(b, None) for b in ids[rank::world].split(2)])
+if rank == 0:
+    torch.save(stats.records(0), path)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_ranks_merge_to_the_single_process_result(tmp_path):
+    out = tmp_path / "records.pt"
+    procs = [subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(r), "2", str(out)], env={**os.environ})
+             for r in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
+    model.init_weights(3)
+    ids = torch.randint(0, 300, (10, 16), generator=torch.Generator().manual_seed(4))
+    # one process over the same micro-batches (float32 forward passes of other shapes differ in the last bits)
+    same_batches = [(b, None) for rank in range(2) for b in ids[rank::2].split(2)]
+    single = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, same_batches).records(0)
+    for a, b in zip(single, torch.load(out, weights_only=False), strict=True):
+        assert a["count"] == b["count"] and a["max_deg"] == b["max_deg"]
+        assert a["mean_deg"] == pytest.approx(b["mean_deg"], rel=1e-9) and a["std_deg"] == pytest.approx(b["std_deg"], rel=1e-9)
+
+
+# -- Hugging Face architectures: hooks on the right modules
+
+
+def tiny_hf(model_type):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=50257, num_hidden_layers=2, num_attention_heads=4)
+    configs = {
+        "gpt2": transformers.GPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
+        "gpt_neo": transformers.GPTNeoConfig(vocab_size=50257, num_layers=2, num_heads=4, hidden_size=32,
+                                             attention_types=[[["global", "local"], 1]], max_position_embeddings=64),
+        "gptj": transformers.GPTJConfig(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64),
+        "gpt_neox": transformers.GPTNeoXConfig(**common, hidden_size=32, intermediate_size=64, max_position_embeddings=64),
+        "llama": transformers.LlamaConfig(**common, hidden_size=32, intermediate_size=64, max_position_embeddings=64),
+    }
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(configs[model_type]).eval()
+
+
+@pytest.mark.parametrize("model_type", [k for k in LAYOUTS if k != "normlab"])
+def test_hooks_land_on_the_norm_modules_of_every_architecture(model_type):
+    model = tiny_hf(model_type)
+    sites = norm_sites(model, model_type)
+    norm_classes = {type(s.module).__name__ for s in sites}
+    assert all("Norm" in name for name in norm_classes), norm_classes
+    assert "RMSNorm" in "".join(norm_classes) if model_type == "llama" else norm_classes == {"LayerNorm"}
+    roles = [(s.layer, s.role) for s in sites]
+    per_block = ["attn_norm"] if model_type == "gptj" else ["attn_norm", "mlp_norm"]
+    assert roles == [(i, r) for i in range(2) for r in per_block] + [(2, "final_norm")]
+    # the hooked input of block l's first norm is the residual stream entering block l
+    ids = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+    stats = measure(lambda i, m: model.base_model(input_ids=i, attention_mask=m), sites, 32,
+                    [(ids, torch.ones_like(ids, dtype=torch.bool))])
+    probe = AngleProbe(sites, 32)
+    for layer in range(2):
+        direct = torch.rad2deg(torch.acos(hidden[layer].flatten(0, 1) @ probe.references[0]
+                                          / (hidden[layer].flatten(0, 1).norm(dim=1) * math.sqrt(32))))
+        row = next(r for r in stats.records(0) if r["layer"] == layer and r["site"] == "attn_norm.input"
+                   and r["reference"] == "uniform" and r["position"] == "all")
+        assert row["mean_deg"] == pytest.approx(direct.double().mean().item(), abs=1e-4)
+    if model_type == "gpt_neox":  # parallel residual: both norms read the same h
+        rows = {(r["layer"], r["site"]): r["mean_deg"] for r in stats.records(0) if r["reference"] == "uniform" and r["position"] == "all"}
+        assert rows[(0, "attn_norm.input")] == pytest.approx(rows[(0, "mlp_norm.input")], abs=1e-9)
+
+
+def test_normlab_angles_reads_a_local_hugging_face_directory(prepared, tmp_path):
+    model = tiny_hf("gpt2")
+    model.save_pretrained(tmp_path / "tiny-gpt2")
+    result = run_cli("normlab-angles", str(tmp_path / "tiny-gpt2"), "--tokens", "2048", "--seq-len", "64",
+                     "--out", str(tmp_path / "angles.csv"), "--probe-dir", str(prepared))
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = read_csv(tmp_path / "angles.csv")
+    assert {r["site"] for r in rows} >= {"attn_norm.input", "mlp_norm.output", "final_norm.input", "attn_norm.rotation"}
+    assert {r["count"] for r in rows if r["position"] == "all"} == {2048}
