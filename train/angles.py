@@ -80,22 +80,21 @@ class AngleStats:
 
     TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum")
 
-    def update(self, rows: list[int], degrees: torch.Tensor, norms: torch.Tensor, cos2: torch.Tensor) -> None:
-        """Add the values degrees[k, :] (and their vectors' norms[:], cos2[k, :]) to row rows[k]."""
+    def update(self, idx: torch.Tensor, degrees: torch.Tensor, norms: torch.Tensor, cos2: torch.Tensor) -> None:
+        """Add the values degrees[k, :] (with their vectors' norms[k, :] and cos2[k, :]) to row idx[k]."""
         n = degrees.shape[1]
         if n == 0:
             return
-        idx = torch.tensor(rows, device=degrees.device)
         degrees = degrees.double()
         mean_b = degrees.mean(1)
         m2_b = ((degrees - mean_b[:, None]) ** 2).sum(1)
         self._merge_moments(idx, torch.full_like(mean_b, n), mean_b, m2_b)
         self.min[idx] = torch.minimum(self.min[idx], degrees.amin(1))
         self.max[idx] = torch.maximum(self.max[idx], degrees.amax(1))
-        bins = degrees.long().clamp_(0, BINS - 1) + torch.arange(len(rows), device=degrees.device)[:, None] * BINS
-        counts = torch.bincount(bins.flatten(), minlength=len(rows) * BINS).view(len(rows), BINS)
+        bins = degrees.long().clamp_(0, BINS - 1) + torch.arange(len(idx), device=degrees.device)[:, None] * BINS
+        counts = torch.bincount(bins.flatten(), minlength=len(idx) * BINS).view(len(idx), BINS)
         self.hist[idx] += counts.double()
-        self.norm_sum[idx] += norms.double().sum()
+        self.norm_sum[idx] += norms.double().sum(1)
         self.cos2_sum[idx] += cos2.double().sum(1)
 
     def _merge_moments(self, idx, n_b, mean_b, m2_b) -> None:
@@ -174,6 +173,7 @@ class AngleProbe:
         self.references = reference_vectors(d, **reference_kwargs).to(device=device, dtype=torch.float32)
         self.reference_norms = self.references.norm(dim=1)
         self.mask: torch.Tensor | None = None
+        self._row_cache: dict[tuple, torch.Tensor] = {}
 
     @contextmanager
     def hooks(self):
@@ -195,16 +195,24 @@ class AngleProbe:
     def _observe(self, site: NormSite, x: torch.Tensor, y: torch.Tensor) -> None:
         mask = self.mask if self.mask is not None else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         first = mask[:, 0]
-        for position, select in (("all", lambda t: t[mask]), ("first", lambda t: t[:, 0][first])):
-            xs, ys = select(x), select(y)
-            for io, v in (("input", xs), ("output", ys)):
-                norms = v.norm(dim=1)
-                cos = (v @ self.references.T) / (norms[:, None] * self.reference_norms).clamp_min(1e-30)
-                rows = [self.stats.index[(site.layer, f"{site.role}.{io}", ref, position)] for ref in REFERENCES]
-                self.stats.update(rows, torch.rad2deg(torch.acos(cos.clamp(-1, 1))).T, norms, (cos**2).T)
-            cos = (xs * ys).sum(1) / (xs.norm(dim=1) * ys.norm(dim=1)).clamp_min(1e-30)
-            row = self.stats.index[(site.layer, f"{site.role}.rotation", "input", position)]
-            self.stats.update([row], torch.rad2deg(torch.acos(cos.clamp(-1, 1)))[None], xs.norm(dim=1), cos[None] ** 2)
+        for position, xs, ys in (("all", x[mask], y[mask]), ("first", x[:, 0][first], y[:, 0][first])):
+            # one update for the 7 rows of this site: input and output against each reference, and the rotation
+            x_norm, y_norm = xs.norm(dim=1), ys.norm(dim=1)
+            cos = torch.cat([
+                (xs @ self.references.T) / (x_norm[:, None] * self.reference_norms).clamp_min(1e-30),
+                (ys @ self.references.T) / (y_norm[:, None] * self.reference_norms).clamp_min(1e-30),
+                ((xs * ys).sum(1) / (x_norm * y_norm).clamp_min(1e-30))[:, None],
+            ], 1).T
+            norms = torch.stack([x_norm] * 3 + [y_norm] * 3 + [x_norm])
+            self.stats.update(self._rows(site, position), torch.rad2deg(torch.acos(cos.clamp(-1, 1))), norms, cos**2)
+
+    def _rows(self, site: NormSite, position: str) -> torch.Tensor:
+        key = (site.layer, site.role, position)
+        if key not in self._row_cache:
+            rows = [(site.layer, f"{site.role}.{io}", ref, position) for io in ("input", "output") for ref in REFERENCES]
+            rows.append((site.layer, f"{site.role}.rotation", "input", position))
+            self._row_cache[key] = torch.tensor([self.stats.index[r] for r in rows], device=self.references.device)
+        return self._row_cache[key]
 
 
 @torch.no_grad()

@@ -130,7 +130,7 @@ def probe_memory(model_name: str, seq_len: int, windows: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", default=["prepare", "angles"], choices=["prepare", "angles"])
+    parser.add_argument("sections", nargs="*", choices=["prepare", "angles", []], help="default: all")
     parser.add_argument("--scale", type=int, default=2, help="copies of the embedded corpus in the 1x prepare corpus")
     parser.add_argument("--model", default="70m", help="model preset for the angle benchmark")
     parser.add_argument("--seq-len", type=int, default=256)
@@ -140,10 +140,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.probe_memory:
         return probe_memory(args.model, args.seq_len, args.probe_memory)
-    rows = []
-    if "prepare" in args.sections:
+    rows, sections = [], args.sections or ["prepare", "angles"]
+    if "prepare" in sections:
         rows += bench_prepare(args.scale)
-    if "angles" in args.sections:
+    if "angles" in sections:
         rows += bench_angles(args.model, args.seq_len, 4, args.repeats)
     table = "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
