@@ -38,6 +38,9 @@ def test_random_gaussian_vectors_match_the_null_model():
         assert r["std_deg"] == pytest.approx(null_std, rel=0.03), reference  # (180/pi)/sqrt(d), large-d limit
         assert r["mean_cos2"] == pytest.approx(1 / d, rel=0.05)
         assert r["mean_norm"] == pytest.approx(math.sqrt(d), rel=0.01)
+        histogram = [int(c) for c in r["histogram"].split()]
+        assert len(histogram) == 180 and sum(histogram) == n
+        assert sum(histogram[int(90 - null_std) : int(90 + null_std) + 1]) > 0.6 * n  # one std either side
 
 
 @pytest.mark.parametrize("t", [0.0, 0.1, 1.0, -2.0])

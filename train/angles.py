@@ -26,7 +26,7 @@ REFERENCES = ("uniform", "random_a", "random_b")
 POSITIONS = ("all", "first")
 BINS = 180  # 1-degree histogram over [0, 180]
 CSV_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg", "max_deg",
-               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d")
+               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d", "histogram")
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class AngleStats:
     def records(self, step: int) -> list[dict]:
         """One CSV row per statistics row that saw tokens."""
         null_std = math.degrees(1 / math.sqrt(self.d))
-        count, mean, m2 = self.count.cpu(), self.mean.cpu(), self.m2.cpu()
+        count, mean, m2, hist = self.count.cpu(), self.mean.cpu(), self.m2.cpu(), self.hist.cpu().long()
         out = []
         for i, (layer, site, reference, position) in enumerate(self.rows):
             n = count[i].item()
@@ -150,7 +150,8 @@ class AngleStats:
                         "count": int(n), "mean_deg": mean[i].item(), "std_deg": math.sqrt(m2[i].item() / n),
                         "min_deg": self.min[i].item(), "max_deg": self.max[i].item(),
                         "mean_norm": self.norm_sum[i].item() / n, "mean_cos2": self.cos2_sum[i].item() / n,
-                        "null_mean_deg": 90.0, "null_std_deg": null_std, "d": self.d})
+                        "null_mean_deg": 90.0, "null_std_deg": null_std, "d": self.d,
+                        "histogram": " ".join(map(str, hist[i].tolist()))})  # counts per degree, 0..180
         return out
 
 
@@ -244,10 +245,11 @@ def append_csv(path: Path, records: list[dict]) -> None:
 
 
 def read_csv(path: Path) -> list[dict]:
-    numeric = {"step": int, "layer": int, "count": int, "d": int}
+    """angles.csv as dicts of numbers (histogram: a list of counts per degree)."""
+    parse = {"step": int, "layer": int, "count": int, "d": int, "site": str, "reference": str, "position": str,
+             "histogram": lambda v: [int(c) for c in v.split()]}
     with open(path, newline="") as f:
-        return [{k: numeric.get(k, float)(v) if k not in ("site", "reference", "position") else v for k, v in row.items()}
-                for row in csv.DictReader(f)]
+        return [{k: parse.get(k, float)(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 # -- normlab-angles: the same statistics for saved normlab checkpoints and local Hugging Face models
