@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import FAST_TRAIN, compose_config, run_cli
+from conftest import FAST_TRAIN, run_cli
 from train.cli import build_module
 from train.angles import read_csv
 from train.module import lr_factor
