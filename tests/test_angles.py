@@ -87,11 +87,13 @@ def test_batched_statistics_equal_one_pass():
     one_pass = measure(forward, sites, 32, [(ids, None)])
     batched = measure(forward, sites, 32, [(b, None) for b in ids.split(5)])
     merged = measure(forward, sites, 32, [(ids[:7], None)]).merge(measure(forward, sites, 32, [(ids[7:], None)]))
+    # The merge itself is exact (float64); the per-token angles come from float32 forward passes whose last
+    # bits depend on the batch shape, hence the 1e-6 relative tolerance.
     for other in (batched, merged):
         for a, b in zip(one_pass.records(0), other.records(0), strict=True):
-            assert a["count"] == b["count"] and a["min_deg"] == b["min_deg"] and a["max_deg"] == b["max_deg"]
-            for key in ("mean_deg", "std_deg", "mean_norm", "mean_cos2"):
-                assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-9), key
+            assert a["count"] == b["count"]
+            for key in ("mean_deg", "std_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2"):
+                assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-6), key
         assert torch.equal(one_pass.hist, other.hist)
 
 

@@ -202,10 +202,14 @@ class AngleProbe:
             cos = torch.cat([
                 (xs @ self.references.T) / (x_norm[:, None] * self.reference_norms).clamp_min(1e-30),
                 (ys @ self.references.T) / (y_norm[:, None] * self.reference_norms).clamp_min(1e-30),
-                ((xs * ys).sum(1) / (x_norm * y_norm).clamp_min(1e-30))[:, None],
             ], 1).T
+            radians = torch.acos(cos.clamp(-1, 1))  # well conditioned: these angles lie near 90 degrees
+            # The rotation is small: 2 atan2(|x^ - y^|, |x^ + y^|) keeps the precision acos loses near 0.
+            x_unit, y_unit = xs / x_norm[:, None].clamp_min(1e-30), ys / y_norm[:, None].clamp_min(1e-30)
+            rotation = 2 * torch.atan2((x_unit - y_unit).norm(dim=1), (x_unit + y_unit).norm(dim=1))
+            radians = torch.cat([radians, rotation[None]])
             norms = torch.stack([x_norm] * 3 + [y_norm] * 3 + [x_norm])
-            self.stats.update(self._rows(site, position), torch.rad2deg(torch.acos(cos.clamp(-1, 1))), norms, cos**2)
+            self.stats.update(self._rows(site, position), torch.rad2deg(radians), norms, torch.cos(radians) ** 2)
 
     def _rows(self, site: NormSite, position: str) -> torch.Tensor:
         key = (site.layer, site.role, position)

@@ -46,13 +46,30 @@ class ScheduledCheckpoints(L.Callback):
         self._save(trainer)
 
 
+# Dense bf16 tensor-core peak FLOP/s per GPU, from the vendors' data sheets; the first name found in the
+# device's name wins (H100 PCIe before H100, which is taken as SXM).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "A6000": 154.8e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
 class TokenThroughput(L.Callback):
     """Logs training tokens/s (all devices, and per device) at every optimizer step, measured from
-    the end of one step to the end of the next; time spent in validation is left out."""
+    the end of one step to the end of the next (time spent in validation is left out), and the model
+    FLOPs utilisation, train/mfu, where the GPU's peak is known (PEAK_BF16_FLOPS, or peak_flops=)."""
 
-    def __init__(self):
+    def __init__(self, peak_flops: float | None = None):
+        self.peak_flops = peak_flops
         self._last: float | None = None
         self._tokens = 0
+
+    def setup(self, trainer, pl_module, stage):
+        self.peak_flops = self.peak_flops or peak_flops(trainer.strategy.root_device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._last is None:
@@ -68,6 +85,8 @@ class TokenThroughput(L.Callback):
         per_device = self._tokens / (now - self._last)
         pl_module.log("train/tokens_per_sec", per_device * trainer.world_size, batch_size=1)
         pl_module.log("train/tokens_per_sec_per_device", per_device, batch_size=1)
+        if self.peak_flops:
+            pl_module.log("train/mfu", per_device * pl_module.model.flops_per_token() / self.peak_flops, batch_size=1)
         self._tokens, self._last = 0, now
 
     def on_validation_end(self, trainer, pl_module):

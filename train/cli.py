@@ -4,6 +4,7 @@ The data path: conf -> train() -> data module, model, callbacks, loggers -> Ligh
 """
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -69,7 +70,29 @@ def hydra_app(config_name: str):
 def build_model(cfg: DictConfig) -> GPT:
     """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised)."""
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    return GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k in fields}), norm=instantiate(cfg.norm.layer))
+    model = GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k in fields}), norm=instantiate(cfg.norm.layer))
+    model.activation_checkpointing = cfg.get("activation_checkpointing", False)
+    return model
+
+
+def gradient_accumulation(cfg: DictConfig) -> int:
+    """Micro-batches per optimizer step, so that every step sees global_batch_size sequences whatever the
+    number of devices and nodes (None: one micro-batch per device and step)."""
+    devices, nodes, micro = cfg.trainer.devices, cfg.trainer.num_nodes, cfg.data.batch_size
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
+    if tasks and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive") and str(devices) != tasks.split("(")[0]:
+        raise ConfigError(f"Slurm runs {tasks} tasks per node but trainer.devices={devices}: set --ntasks-per-node "
+                          "equal to the devices per node (one task per GPU)")
+    if cfg.get("global_batch_size") is None:
+        return 1
+    if not isinstance(devices, int) or devices < 1:
+        raise ConfigError(f"trainer.devices={devices}: give a number of devices when global_batch_size is set")
+    accumulate, remainder = divmod(cfg.global_batch_size, micro * devices * nodes)
+    if remainder or accumulate < 1:
+        raise ConfigError(f"global_batch_size={cfg.global_batch_size} is not a multiple of data.batch_size={micro} x "
+                          f"trainer.devices={devices} x trainer.num_nodes={nodes}: choose a micro-batch that divides "
+                          f"{cfg.global_batch_size // (devices * nodes) or cfg.global_batch_size}")
+    return accumulate
 
 
 def build_module(cfg: DictConfig) -> LanguageModel:
@@ -94,6 +117,7 @@ def train(cfg: DictConfig) -> None:
     run_dir = Path(cfg.run_dir)
     try:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
+        accumulate = gradient_accumulation(cfg)
         module = build_module(cfg)
         datamodule = instantiate(cfg.data)
         datamodule.verify()
@@ -107,7 +131,7 @@ def train(cfg: DictConfig) -> None:
 
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     loggers = [instantiate(c) for c in cfg.logger.values()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate)
     last = run_dir / "checkpoints" / "last.ckpt"
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.is_file() else None)

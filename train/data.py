@@ -104,16 +104,18 @@ class TokenWindows(Dataset):
 class ShuffledWindows(Sampler[int]):
     """The windows of an epoch in a permutation drawn from (seed, epoch) alone.
 
-    The permutation is cut into global batches of batch_size x world_size windows and rank r takes the
-    r-th micro-batch of each, so the ranks together consume the permutation in order, with no overlap
-    and no gap; only a last, incomplete global batch of each epoch is left out. `consumed` counts the
-    micro-batches training has taken in this epoch: it is what a checkpoint stores and a resume skips.
+    The permutation is cut into global batches of batch_size x world_size x accumulate windows, one per
+    optimizer step; micro-step a of rank r takes the (a x world_size + r)-th micro-batch of it. The ranks and
+    micro-steps together consume the permutation in order, with no overlap and no gap, and an optimizer step
+    sees the same windows whatever the split between devices and accumulation; only a last, incomplete global
+    batch of each epoch is left out. `consumed` counts the micro-batches training has taken in this epoch: it
+    is what a checkpoint stores and a resume skips.
     """
 
-    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, accumulate: int = 1):
         self.num_windows, self.batch_size, self.seed = num_windows, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.global_batches = num_windows // (batch_size * world_size)
+        self.rank, self.world_size, self.accumulate = rank, world_size, accumulate
+        self.global_batches = num_windows // (batch_size * world_size * accumulate)
         self.epoch, self.consumed = 0, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -124,13 +126,14 @@ class ShuffledWindows(Sampler[int]):
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_windows)
 
     def __iter__(self):
-        order, step = self.order(self.epoch), self.batch_size * self.world_size
-        for g in range(self.consumed, self.global_batches):
-            start = g * step + self.rank * self.batch_size
-            yield from order[start : start + self.batch_size].tolist()
+        order, B = self.order(self.epoch), self.batch_size
+        for micro in range(self.consumed, self.global_batches * self.accumulate):
+            step, a = divmod(micro, self.accumulate)
+            start = (step * self.accumulate * self.world_size + a * self.world_size + self.rank) * B
+            yield from order[start : start + B].tolist()
 
     def __len__(self) -> int:
-        return self.global_batches * self.batch_size
+        return self.global_batches * self.accumulate * self.batch_size
 
 
 class ResumableLoader(DataLoader):
@@ -174,8 +177,9 @@ class TokenDataModule(L.LightningDataModule):
         self.val_windows = TokenWindows(self.dir / "val.bin", self.seq_len, max_windows=max_windows)
 
     def train_dataloader(self) -> ResumableLoader:
-        rank, world_size = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        sampler = ShuffledWindows(len(self.train_windows), self.batch_size, self.seed, rank, world_size)
+        trainer = self.trainer
+        rank, world, accumulate = (trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches) if trainer else (0, 1, 1)
+        sampler = ShuffledWindows(len(self.train_windows), self.batch_size, self.seed, rank, world, accumulate)
         self.train_loader = ResumableLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler,
                                             num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
         return self.train_loader

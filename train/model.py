@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from train.errors import ConfigError
 
@@ -89,6 +90,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
+        self.activation_checkpointing = False  # recompute each block in the backward pass to save memory
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.hidden(idx))
@@ -100,7 +102,10 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
         h = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.blocks:
-            h = block(h)
+            if self.activation_checkpointing and self.training and torch.is_grad_enabled():
+                h = checkpoint(block, h, use_reentrant=False)
+            else:
+                h = block(h)
         return self.ln_f(h)
 
     @torch.no_grad()

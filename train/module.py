@@ -27,6 +27,7 @@ class LanguageModel(L.LightningModule):
         self.save_hyperparameters(ignore=["model", "optimizer"])  # the run's full config rides in every checkpoint
         self.model = model
         self.optimizer = optimizer
+        self._micro_losses: list[torch.Tensor] = []
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
@@ -35,8 +36,15 @@ class LanguageModel(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self.loss(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch[0].shape[0])
+        self._micro_losses.append(loss.detach())
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        # One value per optimizer step: the loss over its global batch (every micro-batch, every rank).
+        if len(self._micro_losses) == self.trainer.accumulate_grad_batches:
+            step_loss = torch.stack(self._micro_losses).mean()
+            self._micro_losses.clear()
+            self.log("train/loss", step_loss, prog_bar=True, sync_dist=True, batch_size=1)
 
     def validation_step(self, batch, batch_idx):
         self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=batch[0].shape[0])
