@@ -14,6 +14,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.utils import instantiate
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
 from train.errors import ConfigError, NormlabError
@@ -37,7 +38,7 @@ def check_group_choices(args: list[str]) -> None:
         except Exception:  # flags such as -m or --cfg, and their values: Hydra reports real errors itself
             continue
         group = CONF_DIR / override.key_or_group
-        if override.is_delete() or not group.is_dir():
+        if override.is_delete() or not group.is_dir() or override.key_or_group.startswith("hydra/"):  # Hydra's own
             continue
         choices = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
         valid = sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))  # _x: shared parts
@@ -111,9 +112,15 @@ def build_module(cfg: DictConfig) -> LanguageModel:
     )
 
 
+def resume_checkpoint(run_dir: Path) -> str | None:
+    """The newest of <run_dir>/checkpoints/last.ckpt and Lightning's Slurm checkpoints <run_dir>/hpc_ckpt_N.ckpt."""
+    candidates = [p for p in [run_dir / "checkpoints" / "last.ckpt", *run_dir.glob("hpc_ckpt_*.ckpt")] if p.is_file()]
+    return str(max(candidates, key=lambda p: p.stat().st_mtime)) if candidates else None
+
+
 @hydra_app("train")
 def train(cfg: DictConfig) -> None:
-    """Train one model; resumes from <run_dir>/checkpoints/last.ckpt when it exists."""
+    """Train one model; resumes from the newest checkpoint of its run directory when there is one."""
     run_dir = Path(cfg.run_dir)
     try:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -131,10 +138,12 @@ def train(cfg: DictConfig) -> None:
 
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     loggers = [instantiate(c) for c in cfg.logger.values()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate)
-    last = run_dir / "checkpoints" / "last.ckpt"
+    # One preemption mechanism per launch path: under sbatch, Lightning saves an hpc checkpoint on SIGUSR1 and
+    # requeues the job; under Hydra's submitit launcher, submitit does the requeueing (and Lightning must not).
+    plugins = [SLURMEnvironment(auto_requeue=False)] if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" else None
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins)
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.is_file() else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
     finally:
         if "wandb" in cfg.logger:
             import wandb
