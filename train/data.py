@@ -108,8 +108,7 @@ class ShuffledWindows(Sampler[int]):
     optimizer step; micro-step a of rank r takes the (a x world_size + r)-th micro-batch of it. The ranks and
     micro-steps together consume the permutation in order, with no overlap and no gap, and an optimizer step
     sees the same windows whatever the split between devices and accumulation; only a last, incomplete global
-    batch of each epoch is left out. `consumed` counts the micro-batches training has taken in this epoch: it
-    is what a checkpoint stores and a resume skips.
+    batch of each epoch is left out. A resumed epoch starts after its first `consumed` micro-batches.
     """
 
     def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, accumulate: int = 1):
@@ -137,11 +136,15 @@ class ShuffledWindows(Sampler[int]):
 
 
 class ResumableLoader(DataLoader):
-    """A DataLoader whose position in the epoch goes into Lightning checkpoints (Lightning saves and
-    restores the state of any loader with state_dict/load_state_dict), for exact mid-epoch resume."""
+    """A DataLoader whose position in the epoch goes into Lightning checkpoints (Lightning saves and restores
+    the state of any loader with state_dict/load_state_dict), for exact mid-epoch resume. The position is
+    the number of micro-batches Lightning has completed in this epoch: a checkpoint taken in the middle of a
+    step (Lightning's Slurm handler saves at once on SIGUSR1) then resumes with that step's batch."""
+
+    completed = staticmethod(lambda: 0)  # set by the data module: batches completed in this epoch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "consumed": self.sampler.consumed}
+        return {"epoch": self.sampler.epoch, "consumed": self.completed()}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.epoch, self.sampler.consumed = state["epoch"], state["consumed"]
@@ -180,15 +183,11 @@ class TokenDataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world, accumulate = (trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches) if trainer else (0, 1, 1)
         sampler = ShuffledWindows(len(self.train_windows), self.batch_size, self.seed, rank, world, accumulate)
-        self.train_loader = ResumableLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler,
-                                            num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
-        return self.train_loader
-
-    def on_before_batch_transfer(self, batch, dataloader_idx):
-        # Called when training takes a batch (after Lightning's prefetching): count what was consumed.
-        if self.trainer is not None and self.trainer.training:
-            self.train_loader.sampler.consumed += 1
-        return batch
+        loader = ResumableLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler,
+                                 num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
+        if trainer is not None:
+            loader.completed = lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return loader
 
     def val_dataloader(self) -> DataLoader:
         # Every rank evaluates the same fixed windows, so the logged validation loss does not depend

@@ -1,0 +1,41 @@
+#!/bin/bash
+# A one-node Slurm cluster on this machine (for the test suite): installs slurm-wlm and munge if needed,
+# writes a minimal slurm.conf and starts munged, slurmctld and slurmd. Needs root. Idempotent.
+set -euo pipefail
+if ! command -v slurmctld >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+fi
+CPUS=$(nproc)
+mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge
+cat > /etc/slurm/slurm.conf <<CONF
+ClusterName=normlab
+SlurmctldHost=localhost
+SlurmUser=root
+NodeName=localhost CPUs=$CPUS State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+ReturnToService=2
+MpiDefault=none
+CONF
+if ! pgrep -x munged >/dev/null; then
+    [ -s /etc/munge/munge.key ] || (dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null)
+    chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
+    chmod 400 /etc/munge/munge.key
+    runuser -u munge -- /usr/sbin/munged
+fi
+pgrep -x slurmctld >/dev/null || slurmctld
+pgrep -x slurmd >/dev/null || slurmd -N localhost
+for _ in $(seq 60); do
+    if sinfo -h -o %T 2>/dev/null | grep -qE "idle|mixed|allocated"; then exit 0; fi
+    scontrol update nodename=localhost state=resume >/dev/null 2>&1 || true
+    sleep 1
+done
+echo "local_cluster.sh: Slurm did not become ready" >&2
+exit 1
