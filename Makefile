@@ -27,6 +27,7 @@ demo: data/embedded/meta.json
 	$(BIN)/normlab-report checkpoints/demo
 
 test: $(VENV)/.installed
+	bash slurm/local_cluster.sh || echo "warning: no one-node Slurm cluster (needs root and apt-get): tests/test_slurm.py cannot run"
 	$(BIN)/pytest
 
 clean-demo:

@@ -18,9 +18,9 @@ NORMS = ("layernorm", "rmsnorm")
 
 @pytest.fixture(scope="session")
 def sweep(prepared, tmp_path_factory) -> Path:
-    """`normlab-train -m norm=layernorm,rmsnorm`: both runs, back to back, with Hydra's basic launcher."""
+    """`normlab-train -m norm=layernorm,rmsnorm seed=0,1`: four runs, back to back, with Hydra's basic launcher."""
     out = tmp_path_factory.mktemp("checkpoints")
-    result = run_cli("normlab-train", "-m", "norm=layernorm,rmsnorm", "experiment_name=t", f"paths.output_dir={out}", *FAST_TRAIN)
+    result = run_cli("normlab-train", "-m", "norm=layernorm,rmsnorm", "seed=0,1", "experiment_name=t", f"paths.output_dir={out}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "t"
 
@@ -136,3 +136,12 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
     for figure in ("angles_by_layer_tiny.png", "angles_training_tiny-layernorm-seed0.png", "angles_training_tiny-rmsnorm-seed0.png"):
         assert (tmp_path / figure).stat().st_size > 10_000 and f"({figure})" in summary
     assert "angle to 1 before the norms" in summary
+    assert "| tiny layernorm | 2 |" in summary and "| tiny rmsnorm | 2 |" in summary  # mean ± std over the 2 seeds
+
+
+def test_sweep_ran_every_norm_and_seed_with_its_own_initialisation(sweep):
+    runs = sorted(p.name for p in sweep.iterdir() if (p / "metrics.csv").is_file())
+    assert runs == [f"tiny-{n}-seed{s}" for n in NORMS for s in (0, 1)]
+    seed0 = torch.load(sweep / "tiny-layernorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    seed1 = torch.load(sweep / "tiny-layernorm-seed1/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    assert not torch.equal(seed0["model.wte.weight"], seed1["model.wte.weight"])

@@ -1,5 +1,8 @@
 """Callbacks: checkpoints on the paper's step schedule, and token throughput."""
 
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -141,3 +144,33 @@ class AngleCallback(L.Callback):
                 columns = list(records[0])
                 logger.log_table(key="angles/table", columns=columns, data=[[r[c] for c in columns] for r in records],
                                  step=trainer.global_step)
+
+
+class SlurmRequeue(L.Callback):
+    """Slurm preemption and time limits for jobs started with sbatch (`#SBATCH --signal=SIGUSR1@90`): on
+    SIGUSR1 the run finishes its optimizer step, saves `checkpoint` and requeues the job (scontrol requeue),
+    which resumes from it in the same run directory. Lightning's own handler saves at once, in the middle of
+    a step, and then resumes with a logging step one ahead; it is turned off in favour of this one. Under
+    Hydra's submitit launcher, submitit handles requeueing and this callback does nothing."""
+
+    def __init__(self, checkpoint: str):
+        self.checkpoint = checkpoint
+        self.requested = False
+        self.active = "SLURM_JOB_ID" in os.environ and os.environ.get("SUBMITIT_EXECUTOR") != "slurm"
+
+    def on_train_start(self, trainer, pl_module):
+        if self.active:
+            signal.signal(signal.SIGUSR1, self._request)
+
+    def _request(self, signum, frame):
+        self.requested = True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self.active or (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):  # any rank was signalled
+            trainer.save_checkpoint(self.checkpoint)
+            trainer.should_stop = True
+            if trainer.is_global_zero:
+                print(f"SIGUSR1: saved {self.checkpoint} at step {trainer.global_step}; requeueing job {os.environ['SLURM_JOB_ID']}")
+                subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)

@@ -112,12 +112,6 @@ def build_module(cfg: DictConfig) -> LanguageModel:
     )
 
 
-def resume_checkpoint(run_dir: Path) -> str | None:
-    """The newest of <run_dir>/checkpoints/last.ckpt and Lightning's Slurm checkpoints <run_dir>/hpc_ckpt_N.ckpt."""
-    candidates = [p for p in [run_dir / "checkpoints" / "last.ckpt", *run_dir.glob("hpc_ckpt_*.ckpt")] if p.is_file()]
-    return str(max(candidates, key=lambda p: p.stat().st_mtime)) if candidates else None
-
-
 @hydra_app("train")
 def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest checkpoint of its run directory when there is one."""
@@ -138,12 +132,13 @@ def train(cfg: DictConfig) -> None:
 
     callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     loggers = [instantiate(c) for c in cfg.logger.values()]
-    # One preemption mechanism per launch path: under sbatch, Lightning saves an hpc checkpoint on SIGUSR1 and
-    # requeues the job; under Hydra's submitit launcher, submitit does the requeueing (and Lightning must not).
-    plugins = [SLURMEnvironment(auto_requeue=False)] if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" else None
+    # One preemption mechanism per launch path: under sbatch, the SlurmRequeue callback (SIGUSR1); under Hydra's
+    # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
+    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins)
+    last = run_dir / "checkpoints" / "last.ckpt"
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.is_file() else None)
     finally:
         if "wandb" in cfg.logger:
             import wandb
