@@ -91,8 +91,7 @@ def gradient_accumulation(cfg: DictConfig) -> int:
     accumulate, remainder = divmod(cfg.global_batch_size, micro * devices * nodes)
     if remainder or accumulate < 1:
         raise ConfigError(f"global_batch_size={cfg.global_batch_size} is not a multiple of data.batch_size={micro} x "
-                          f"trainer.devices={devices} x trainer.num_nodes={nodes}: choose a micro-batch that divides "
-                          f"{cfg.global_batch_size // (devices * nodes) or cfg.global_batch_size}")
+                          f"trainer.devices={devices} x trainer.num_nodes={nodes}: choose values whose product divides it")
     return accumulate
 
 
