@@ -120,3 +120,30 @@ def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prep
     for a, b in zip(angles_one, angles_two):
         assert (a["step"], a["layer"], a["site"], a["reference"], a["count"]) == (b["step"], b["layer"], b["site"], b["reference"], b["count"])
         assert b["mean_deg"] == pytest.approx(a["mean_deg"], abs=1e-4) and b["std_deg"] == pytest.approx(a["std_deg"], abs=1e-4)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    def loss_and_grads(checkpointing):
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
+        model.init_weights(0)
+        model.activation_checkpointing = checkpointing
+        ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+        loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+        return loss, {n: p.grad for n, p in model.named_parameters()}
+
+    (loss_a, grads_a), (loss_b, grads_b) = loss_and_grads(False), loss_and_grads(True)
+    assert torch.equal(loss_a, loss_b)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-6, atol=1e-7)
+    cfg = compose_config("train", ["experiment=paper_1b", "activation_checkpointing=true"])
+    with torch.device("meta"):
+        assert build_model(cfg).activation_checkpointing
+
+
+@pytest.mark.parametrize("launcher,gpus", [("slurm_a6000", 4), ("slurm_a100", 4)])
+def test_submitit_launcher_configs_compose(launcher, gpus):
+    cfg = compose_config("train", [f"hydra/launcher={launcher}", "experiment=paper_70m"], with_hydra=True)
+    launch = cfg.hydra.launcher
+    assert launch._target_.endswith("SlurmLauncher") and launch.gpus_per_node == launch.tasks_per_node == gpus
+    assert launch.max_num_timeout > 0 and launch.setup == ["source slurm/env.sh"]
