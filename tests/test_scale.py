@@ -107,7 +107,8 @@ def step_losses(run_dir):
 def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prepared, tmp_path):
     common = [*FAST_TRAIN, "global_batch_size=4", "probe.tokens=8192", "callbacks.scheduled_checkpoints.every=3",
               "callbacks.scheduled_checkpoints.dense_until=3"]
-    one = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'one'}")  # 1 process, 2 micro-batches per step
+    one = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'one'}",  # 1 process, 2 micro-batches per step
+                  "callbacks.throughput.peak_flops=1e11")  # a made-up peak, so that MFU is logged on CPU too
     two = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'two'}", "trainer.accelerator=cpu",
                   "trainer.devices=2", "trainer.strategy=ddp")  # 2 processes (gloo), 1 micro-batch each
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
@@ -115,6 +116,11 @@ def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prep
     assert sorted(losses_one) == sorted(losses_two) == list(range(6))
     for step in losses_one:
         assert losses_two[step] == pytest.approx(losses_one[step], abs=1e-5)
+    with open(tmp_path / "one" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["train/mfu"]]
+    flops_per_token = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=128), LayerNorm).flops_per_token()
+    assert len(rows) == 6 and all(float(r["train/mfu"]) == pytest.approx(
+        float(r["train/tokens_per_sec_per_device"]) * flops_per_token / 1e11, rel=1e-5) for r in rows)
     angles_one, angles_two = read_csv(tmp_path / "one" / "angles.csv"), read_csv(tmp_path / "two" / "angles.csv")
     assert len(angles_one) == len(angles_two) and {r["step"] for r in angles_one} == {0, 3, 6}
     for a, b in zip(angles_one, angles_two):
