@@ -145,3 +145,16 @@ def test_sweep_ran_every_norm_and_seed_with_its_own_initialisation(sweep):
     seed0 = torch.load(sweep / "tiny-layernorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
     seed1 = torch.load(sweep / "tiny-layernorm-seed1/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
     assert not torch.equal(seed0["model.wte.weight"], seed1["model.wte.weight"])
+
+
+def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tmp_path):
+    result = run_cli("normlab-train", *FAST_TRAIN, f"run_dir={tmp_path}", "model.lr=1e30", "trainer.max_steps=30")
+    assert result.returncode == 2
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("normlab-train: error: non-finite loss at optimizer step 1 (loss nan)")
+    assert "last good checkpoint" in last_line and "step-0000000.ckpt" in last_line
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["nonfinite-step-0000001.ckpt", "step-0000000.ckpt"]
+    diagnostic = torch.load(tmp_path / "checkpoints" / "nonfinite-step-0000001.ckpt", weights_only=False)
+    assert diagnostic["global_step"] == 1
+    assert all(torch.isfinite(v).all() for v in diagnostic["state_dict"].values())  # the state before the bad update

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from train.angles import append_csv, measure, norm_sites
 from train.data import load_probe
+from train.errors import NonFiniteError
 
 
 def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every: int, extra=()) -> list[int]:
@@ -174,3 +175,27 @@ class SlurmRequeue(L.Callback):
             if trainer.is_global_zero:
                 print(f"SIGUSR1: saved {self.checkpoint} at step {trainer.global_step}; requeueing job {os.environ['SLURM_JOB_ID']}")
                 subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
+
+
+class NonFiniteGuard(L.Callback):
+    """Stops the run at the first optimizer step whose loss or gradients are not finite, before the update is
+    applied: writes `<dirpath>/nonfinite-step-NNNNNNN.ckpt` (the state just before that step) for diagnosis,
+    leaves every earlier checkpoint as it was, and ends the run with a one-line error naming the step."""
+
+    def __init__(self, dirpath: str):
+        self.dirpath = Path(dirpath)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        losses = torch.stack(pl_module._micro_losses) if pl_module._micro_losses else torch.zeros(1)
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        finite = bool(torch.isfinite(losses).all()) and all(bool(torch.isfinite(g).all()) for g in grads)
+        if trainer.strategy.reduce_boolean_decision(not finite, all=False):  # any rank
+            step = trainer.global_step
+            good = sorted((p for p in self.dirpath.glob("*.ckpt") if not p.name.startswith("nonfinite")),
+                          key=lambda p: p.stat().st_mtime)
+            path = self.dirpath / f"nonfinite-step-{step:07d}.ckpt"
+            trainer.save_checkpoint(path)
+            what = "loss" if not bool(torch.isfinite(losses).all()) else "gradient"
+            raise NonFiniteError(f"non-finite {what} at optimizer step {step} (loss {losses.mean().item():.4g}); "
+                                 f"diagnostic checkpoint {path}; last good checkpoint {good[-1] if good else 'none'}: "
+                                 "lower the learning rate, or resume from an earlier checkpoint")

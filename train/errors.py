@@ -15,3 +15,7 @@ class DataError(NormlabError):
 
 class TokenizerError(NormlabError):
     """No usable GPT-2 tokenizer."""
+
+
+class NonFiniteError(NormlabError):
+    """Training produced a non-finite loss or gradient."""
