@@ -2,6 +2,7 @@
 
 import csv
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,15 +107,29 @@ def test_ln_and_rms_runs_differ_only_in_norm_parameters(sweep):
     assert all(torch.equal(ln[k], rms[k]) for k in rms)
 
 
-def test_rerunning_the_same_command_resumes_instead_of_starting_over(sweep):
-    run = sweep / "tiny-layernorm-seed0"
-    before = (run / "metrics.csv").read_text()
-    result = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8")
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = read_metrics(run)
-    assert set(metrics["train/loss"]) == set(range(8))  # steps 6 and 7 appended, 0-5 kept
-    assert (run / "metrics.csv").read_text().startswith(before.splitlines()[0])
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+def snapshot(directory: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_rerunning_the_same_command_resumes_and_a_changed_config_is_refused(sweep, tmp_path):
+    run = Path(shutil.copytree(sweep / "tiny-layernorm-seed0", tmp_path / "run"))  # a moved run keeps its identity
+    finished = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert set(read_metrics(run)["train/loss"]) == set(range(6))  # nothing appended, nothing lost
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+    before = snapshot(run)
+    changed = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8")
+    assert changed.returncode == 2
+    (line,) = changed.stderr.strip().splitlines()
+    assert "holds checkpoints of another config (trainer.max_steps: 6 -> 8" in line and "restart=true" in line
+    assert snapshot(run) == before  # nothing on disk changed
+
+    restarted = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8", "restart=true")
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    assert set(read_metrics(run)["train/loss"]) == set(range(8))
+    (aside,) = tmp_path.glob("run.replaced-*")
+    assert snapshot(aside) == {aside / p.relative_to(run): data for p, data in before.items()}  # moved, not deleted
 
 
 def test_wandb_logs_offline_without_an_account(prepared, tmp_path):

@@ -6,6 +6,7 @@ The data path: conf -> train() -> data module, model, callbacks, loggers -> Ligh
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -111,6 +112,39 @@ def build_module(cfg: DictConfig) -> LanguageModel:
     )
 
 
+def flat(config, prefix: str = "") -> dict:
+    items = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            items.update(flat(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
+
+
+def claim_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse a run directory holding checkpoints of another config; with restart=true, move it aside to
+    <run_dir>.replaced-<time> and start over (nothing is deleted)."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file() or not any((run_dir / "checkpoints").glob("*.ckpt")):
+        return
+    if cfg.restart:
+        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"restart=true: moved the earlier run to {aside}", file=sys.stderr)
+        return
+    # what only names or locates things may change; everything that shapes the training may not
+    ignored = ("logger.", "restart", "paths.", "experiment_name", "run_name", "data.dir", "probe.dir", "callbacks.angles.probe_dir")
+    old, new = (flat(OmegaConf.to_container(c, resolve=True)) for c in (OmegaConf.load(saved), cfg))
+    # a run directory that was moved keeps its identity: paths inside it follow it
+    old = {k: v.replace(old["run_dir"], new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
+    changed = [k for k in sorted(old.keys() | new.keys()) if not k.startswith(ignored) and old.get(k) != new.get(k)]
+    if changed:
+        shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (" ..." if len(changed) > 3 else "")
+        raise ConfigError(f"{run_dir} holds checkpoints of another config ({shown}): give another run_dir, "
+                          "or restart=true to move that run aside and start over")
+
+
 @hydra_app("train")
 def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest checkpoint of its run directory when there is one."""
@@ -121,6 +155,7 @@ def train(cfg: DictConfig) -> None:
         module = build_module(cfg)
         datamodule = instantiate(cfg.data)
         datamodule.verify()
+        claim_run_dir(cfg, run_dir)
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
