@@ -173,3 +173,17 @@ def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tm
     diagnostic = torch.load(tmp_path / "checkpoints" / "nonfinite-step-0000001.ckpt", weights_only=False)
     assert diagnostic["global_step"] == 1
     assert all(torch.isfinite(v).all() for v in diagnostic["state_dict"].values())  # the state before the bad update
+
+
+def test_a_truncated_last_checkpoint_is_skipped_for_the_previous_one(sweep, tmp_path):
+    run = Path(shutil.copytree(sweep / "tiny-rmsnorm-seed0", tmp_path / "run"))
+    (run / "checkpoints" / "step-0000006.ckpt").unlink()
+    with open(run / "checkpoints" / "last.ckpt", "r+b") as f:  # a save cut short
+        f.truncate(1000)
+    result = run_cli("normlab-train", "norm=rmsnorm", f"run_dir={run}", *FAST_TRAIN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "last.ckpt is unreadable (a save cut short?): skipped" in result.stderr
+    assert "Restored all states from the checkpoint at" in result.stderr + result.stdout
+    assert "step-0000004.ckpt" in result.stderr + result.stdout  # resumed from the newest complete one
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert not list((run / "checkpoints").glob(".*.tmp"))  # no temporary file left behind

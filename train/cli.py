@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import hydra
@@ -18,6 +19,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
+from train.checkpoint_io import FsyncCheckpointIO
 from train.errors import ConfigError, NormlabError
 from train.model import GPT, GPTConfig
 from train.module import LanguageModel
@@ -112,6 +114,20 @@ def build_module(cfg: DictConfig) -> LanguageModel:
     )
 
 
+def resume_checkpoint(run_dir: Path) -> str | None:
+    """The newest complete checkpoint of the run: last.ckpt, else the newest scheduled one. A checkpoint whose
+    zip archive is unreadable (a save cut short) is skipped with a warning in favour of the previous one."""
+    for path in sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
+        if path.name.startswith("nonfinite"):
+            continue
+        try:
+            zipfile.ZipFile(path).close()  # torch checkpoints are zip archives: a truncated one fails here
+            return str(path)
+        except (zipfile.BadZipFile, OSError):
+            print(f"warning: {path} is unreadable (a save cut short?): skipped", file=sys.stderr)
+    return None
+
+
 def flat(config, prefix: str = "") -> dict:
     items = {}
     for key, value in config.items():
@@ -147,7 +163,7 @@ def claim_run_dir(cfg: DictConfig, run_dir: Path) -> None:
 
 @hydra_app("train")
 def train(cfg: DictConfig) -> None:
-    """Train one model; resumes from the newest checkpoint of its run directory when there is one."""
+    """Train one model; resumes from the newest complete checkpoint of its run directory when there is one."""
     run_dir = Path(cfg.run_dir)
     try:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -168,11 +184,10 @@ def train(cfg: DictConfig) -> None:
     loggers = [instantiate(c) for c in cfg.logger.values()]
     # One preemption mechanism per launch path: under sbatch, the SlurmRequeue callback (SIGUSR1); under Hydra's
     # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
-    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None
+    plugins = [FsyncCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins)
-    last = run_dir / "checkpoints" / "last.ckpt"
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(last) if last.is_file() else None)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
     finally:
         if "wandb" in cfg.logger:
             import wandb
