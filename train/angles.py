@@ -155,13 +155,14 @@ class AngleStats:
         return out
 
 
+def site_rows(site: NormSite, position: str) -> list[tuple[int, str, str, str]]:
+    """The 7 rows of one norm at one position: its input and output against each reference, and its rotation."""
+    rows = [(site.layer, f"{site.role}.{io}", ref, position) for io in ("input", "output") for ref in REFERENCES]
+    return rows + [(site.layer, f"{site.role}.rotation", "input", position)]
+
+
 def stat_rows(sites: list[NormSite]) -> list[tuple[int, str, str, str]]:
-    rows = []
-    for s in sites:
-        for position in POSITIONS:
-            rows += [(s.layer, f"{s.role}.{io}", ref, position) for io in ("input", "output") for ref in REFERENCES]
-            rows.append((s.layer, f"{s.role}.rotation", "input", position))
-    return rows
+    return [row for s in sites for position in POSITIONS for row in site_rows(s, position)]
 
 
 class AngleProbe:
@@ -214,9 +215,8 @@ class AngleProbe:
     def _rows(self, site: NormSite, position: str) -> torch.Tensor:
         key = (site.layer, site.role, position)
         if key not in self._row_cache:
-            rows = [(site.layer, f"{site.role}.{io}", ref, position) for io in ("input", "output") for ref in REFERENCES]
-            rows.append((site.layer, f"{site.role}.rotation", "input", position))
-            self._row_cache[key] = torch.tensor([self.stats.index[r] for r in rows], device=self.references.device)
+            rows = [self.stats.index[r] for r in site_rows(site, position)]
+            self._row_cache[key] = torch.tensor(rows, device=self.references.device)
         return self._row_cache[key]
 
 

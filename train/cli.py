@@ -26,9 +26,9 @@ from train.module import LanguageModel
 from train.paths import CONF_DIR
 
 
-def fail(message: str, code: int = 2):
+def fail(message: str):
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    sys.exit(code)
+    sys.exit(2)
 
 
 def check_group_choices(args: list[str]) -> None:

