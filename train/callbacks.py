@@ -8,11 +8,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import WandbLogger
 
 from train.angles import append_csv, measure, norm_sites
 from train.data import load_probe
-from train.errors import NonFiniteError
+from train.errors import ConfigError, NonFiniteError
 
 
 def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every: int, extra=()) -> list[int]:
@@ -23,17 +24,21 @@ def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every:
     return sorted(s for s in steps if 0 <= s <= max_steps)
 
 
-class ScheduledCheckpoints(L.Callback):
-    """Saves `dirpath/step-NNNNNNN.ckpt` at the optimizer steps of checkpoint_steps(); step 0 holds
-    the initial weights, before any update."""
+class ScheduledCheckpoints(Checkpoint):
+    """Saves `dirpath/step-NNNNNNN.ckpt` at the optimizer steps of checkpoint_steps(); step 0 holds the initial
+    weights, before any update. Like last.ckpt, a checkpoint is written at the end of the validation of its step,
+    when every metric of the step is on disk: a run resumed from it neither repeats nor loses a logged row. So
+    every checkpoint step, and the last step, must be a validation step."""
 
-    def __init__(self, dirpath: str, every: int, dense_until: int, sparse_every: int, extra_steps=()):
+    def __init__(self, dirpath: str, every: int, dense_until: int, sparse_every: int, max_steps: int,
+                 val_check_interval: int, extra_steps=()):
         self.dirpath = Path(dirpath)
-        self.schedule = dict(every=every, dense_until=dense_until, sparse_every=sparse_every, extra=tuple(extra_steps))
-        self.steps: set[int] = set()
-
-    def setup(self, trainer, pl_module, stage):
-        self.steps = set(checkpoint_steps(trainer.max_steps, **self.schedule))
+        self.steps = set(checkpoint_steps(max_steps, every, dense_until, sparse_every, extra_steps))
+        off = sorted(s for s in self.steps | {max_steps} if s % val_check_interval)
+        if off:
+            raise ConfigError(f"checkpoint step {off[0]} is not a validation step (trainer.val_check_interval="
+                              f"{val_check_interval}): make trainer.max_steps and the callbacks.scheduled_checkpoints "
+                              "steps multiples of it")
 
     def path(self, step: int) -> Path:
         return self.dirpath / f"step-{step:07d}.ckpt"
@@ -46,8 +51,9 @@ class ScheduledCheckpoints(L.Callback):
     def on_train_start(self, trainer, pl_module):
         self._save(trainer)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self._save(trainer)
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self._save(trainer)
 
 
 # Dense bf16 tensor-core peak FLOP/s per GPU, from the vendors' data sheets; the first name found in the
@@ -100,22 +106,22 @@ class TokenThroughput(L.Callback):
 class AngleCallback(L.Callback):
     """The angle study during training: at step 0 and at every checkpoint step, runs the probe set through
     the model (eval mode, no grad, windows split across DDP ranks and the statistics merged), appends the
-    per-layer statistics to <run_dir>/angles.csv and logs them to wandb (scalars and a table)."""
+    per-layer statistics to <run_dir>/angles.csv and logs them to wandb (scalars and a table). The probe set is
+    loaded (and checked) when the callback is built, before the run writes anything."""
 
     def __init__(self, csv_path: str, probe_dir: str, probe_split: str, probe_tokens: int | None, seq_len: int,
-                 batch_size: int, every: int, dense_until: int, sparse_every: int, extra_steps=()):
+                 vocab_size: int, batch_size: int, every: int, dense_until: int, sparse_every: int, extra_steps=()):
         self.csv_path, self.batch_size = Path(csv_path), batch_size
-        self.probe_args = (probe_dir, probe_split, probe_tokens, seq_len)
         self.schedule = dict(every=every, dense_until=dense_until, sparse_every=sparse_every, extra=tuple(extra_steps))
         self.steps: set[int] = set()
-        self.windows: torch.Tensor | None = None
+        self.windows = load_probe(probe_dir, probe_split, probe_tokens, seq_len, vocab_size)
 
     def setup(self, trainer, pl_module, stage):
         self.steps = set(checkpoint_steps(trainer.max_steps, **self.schedule))
-        self.windows = load_probe(*self.probe_args, vocab_size=pl_module.model.config.vocab_size)
 
     def on_train_start(self, trainer, pl_module):
-        if trainer.global_step == 0:
+        # step 0; or a run resumed from a scheduled checkpoint, whose angles a kill may have cut off
+        if trainer.global_step in self.steps:
             self._probe(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

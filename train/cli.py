@@ -4,8 +4,10 @@ The data path: conf -> train() -> data module, model, callbacks, loggers -> Ligh
 """
 
 import dataclasses
+import errno
 import os
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -15,6 +17,7 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
@@ -48,6 +51,28 @@ def check_group_choices(args: list[str]) -> None:
         for choice in choices:
             if choice not in valid and choice != "null":
                 fail(f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} (conf/{override.key_or_group}/)")
+
+
+class WritableOutputDir(Callback):
+    """A Hydra callback: check that the run's (or the sweep's) output directory can be written before Hydra
+    creates it, so that an unwritable one is a one-line error rather than a traceback."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self.check(Path(config.hydra.run.dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.check(Path(config.hydra.sweep.dir))
+
+    @staticmethod
+    def check(directory: Path) -> None:
+        existing = next(p for p in [directory, *directory.parents] if p.exists())
+        try:
+            if not existing.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(existing))
+            tempfile.TemporaryFile(dir=existing).close()
+        except OSError as e:
+            fail(f"cannot write the output directory {directory} ({existing}: {e.strerror}): "
+                 "give a writable run_dir= (or paths.output_dir=)")
 
 
 def hydra_app(config_name: str):
@@ -110,15 +135,19 @@ def build_module(cfg: DictConfig) -> LanguageModel:
         warmup_steps=max(1, round(cfg.schedule.warmup_fraction * max_steps)),
         max_steps=max_steps,
         min_lr_ratio=cfg.schedule.min_lr_ratio,
-        config=OmegaConf.to_container(cfg, resolve=True),
+        config={k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "logger"},
     )
 
 
 def resume_checkpoint(run_dir: Path) -> str | None:
-    """The newest complete checkpoint of the run: last.ckpt, else the newest scheduled one. A checkpoint whose
-    zip archive is unreadable (a save cut short) is skipped with a warning in favour of the previous one."""
+    """The newest complete checkpoint of the run: last.ckpt, else the newest scheduled one after step 0. A checkpoint whose
+    zip archive is unreadable (a save cut short) is skipped with a warning in favour of the previous one; the
+    temporary file of a save that was killed is removed."""
+    for partial in (run_dir / "checkpoints").glob(".*.ckpt.tmp"):
+        print(f"warning: removing {partial}, left by a save that was cut short", file=sys.stderr)
+        partial.unlink(missing_ok=True)  # every DDP rank looks
     for path in sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
-        if path.name.startswith("nonfinite"):
+        if path.name.startswith("nonfinite") or path.name == "step-0000000.ckpt":  # step 0: a fresh start is the same
             continue
         try:
             zipfile.ZipFile(path).close()  # torch checkpoints are zip archives: a truncated one fails here
@@ -138,17 +167,14 @@ def flat(config, prefix: str = "") -> dict:
     return items
 
 
-def claim_run_dir(cfg: DictConfig, run_dir: Path) -> None:
-    """Refuse a run directory holding checkpoints of another config; with restart=true, move it aside to
-    <run_dir>.replaced-<time> and start over (nothing is deleted)."""
+def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse a run directory holding checkpoints of another config, unless restart=true (see move_aside)."""
+    if cfg.restart or not any((run_dir / "checkpoints").glob("*.ckpt")):
+        return
     saved = run_dir / "config.yaml"
-    if not saved.is_file() or not any((run_dir / "checkpoints").glob("*.ckpt")):
-        return
-    if cfg.restart:
-        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        run_dir.rename(aside)
-        print(f"restart=true: moved the earlier run to {aside}", file=sys.stderr)
-        return
+    if not saved.is_file():
+        raise ConfigError(f"{run_dir} holds checkpoints but no config.yaml to check them against: give another "
+                          "run_dir, or restart=true to move that run aside and start over")
     # what only names or locates things may change; everything that shapes the training may not
     ignored = ("logger.", "restart", "paths.", "experiment_name", "run_name", "data.dir", "probe.dir", "callbacks.angles.probe_dir")
     old, new = (flat(OmegaConf.to_container(c, resolve=True)) for c in (OmegaConf.load(saved), cfg))
@@ -161,6 +187,15 @@ def claim_run_dir(cfg: DictConfig, run_dir: Path) -> None:
                           "or restart=true to move that run aside and start over")
 
 
+def move_aside(run_dir: Path) -> None:
+    """restart=true: move an earlier run to <run_dir>.replaced-<time> (nothing is deleted); the new run gets a
+    new wandb id (paths.run_id)."""
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.rename(aside)
+        print(f"restart=true: moved the earlier run to {aside}", file=sys.stderr)
+
+
 @hydra_app("train")
 def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest complete checkpoint of its run directory when there is one."""
@@ -171,21 +206,24 @@ def train(cfg: DictConfig) -> None:
         module = build_module(cfg)
         datamodule = instantiate(cfg.data)
         datamodule.verify()
-        claim_run_dir(cfg, run_dir)
+        callbacks = [instantiate(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
+        check_run_dir(cfg, run_dir)
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
         raise
+    if cfg.restart:
+        move_aside(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), run_dir / "overrides.yaml")
 
-    callbacks = [instantiate(c) for c in cfg.callbacks.values()]
     loggers = [instantiate(c) for c in cfg.logger.values()]
     # One preemption mechanism per launch path: under sbatch, the SlurmRequeue callback (SIGUSR1); under Hydra's
     # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
     plugins = [FsyncCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins)
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins,
+                          val_check_interval=cfg.trainer.val_check_interval * accumulate)  # Lightning counts micro-batches
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
     finally:

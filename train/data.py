@@ -184,7 +184,8 @@ class TokenDataModule(L.LightningDataModule):
         rank, world, accumulate = (trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches) if trainer else (0, 1, 1)
         sampler = ShuffledWindows(len(self.train_windows), self.batch_size, self.seed, rank, world, accumulate)
         loader = ResumableLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler,
-                                 num_workers=self.num_workers, pin_memory=torch.cuda.is_available())
+                                 num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
+                                 generator=self.own_generator())
         if trainer is not None:
             loader.completed = lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return loader
@@ -192,4 +193,10 @@ class TokenDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         # Every rank evaluates the same fixed windows, so the logged validation loss does not depend
         # on the number of devices.
-        return DataLoader(self.val_windows, batch_size=self.batch_size, num_workers=self.num_workers)
+        return DataLoader(self.val_windows, batch_size=self.batch_size, num_workers=self.num_workers,
+                          generator=self.own_generator())
+
+    def own_generator(self) -> torch.Generator:
+        # A DataLoader without one draws its workers' seed from the global generator each time it is iterated,
+        # which would shift dropout masks after a resume (the resumed run iterates its loaders at other times).
+        return torch.Generator().manual_seed(self.seed)

@@ -29,6 +29,7 @@ class GPTConfig:
     block_size: int = 1024
     vocab_size: int = 50257
     tie_embeddings: bool = False
+    dropout: float = 0.0  # on embeddings, attention weights and residual branches (the paper, like Pythia: 0)
 
     def __post_init__(self):
         for field in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -39,21 +40,24 @@ class GPTConfig:
                 f"model.n_embd={self.n_embd} is not divisible by model.n_head={self.n_head}: "
                 "choose n_head among the divisors of n_embd"
             )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {self.dropout}")
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.n_head = config.n_head
+        self.n_head, self.dropout = config.n_head, config.dropout
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class MLP(nn.Module):
@@ -61,9 +65,10 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class Block(nn.Module):
@@ -85,6 +90,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, norm) for _ in range(config.n_layer))
         self.ln_f = norm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -100,7 +106,7 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
-        h = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        h = self.drop(self.wte(idx) + self.wpe(torch.arange(T, device=idx.device)))
         for block in self.blocks:
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
                 h = checkpoint(block, h, use_reentrant=False)
