@@ -65,3 +65,21 @@ def test_sampler_order_depends_on_seed_and_epoch_only():
     sampler = ShuffledWindows(50, 5, seed=7)
     sampler.set_epoch(1)
     assert sorted(sampler) == list(range(50)) and list(sampler) != list(ShuffledWindows(50, 5, seed=7))
+
+
+def test_same_seed_gives_identical_dropout_masks():
+    masks = {}
+    for norm in ("layernorm", "rmsnorm"):
+        cfg = compose_config("train", [f"norm={norm}", "model.dropout=0.5", "model.n_layer=2"])
+        model = build_module(cfg).model.train()
+        drawn = []
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.register_forward_hook(lambda m, inputs, output: drawn.append(output == 0))
+        torch.manual_seed(cfg.seed)  # what seed_everything does before training
+        model(torch.arange(64).view(2, 32))
+        masks[norm] = drawn
+    assert len(masks["layernorm"]) == 1 + 2 * 2  # embeddings, then attention and MLP of each block
+    assert 0.4 < masks["layernorm"][0].float().mean() < 0.6
+    for ln, rms in zip(*masks.values()):
+        assert torch.equal(ln, rms)

@@ -38,6 +38,20 @@ def saving(run_dir: Path) -> bool:
     return any((run_dir / "checkpoints").glob(".*.ckpt.tmp"))
 
 
+def nth_save(run_dir: Path, n: int):
+    """A condition that holds during the n-th checkpoint save seen from now on."""
+    seen, was_saving = 0, False
+
+    def condition() -> bool:
+        nonlocal seen, was_saving
+        now = saving(run_dir)
+        seen += now and not was_saving
+        was_saving = now
+        return now and seen >= n
+
+    return condition
+
+
 def kill_when(process: subprocess.Popen, condition, timeout: float = 120) -> bool:
     """SIGKILL the process as soon as condition() holds; False if it ended first."""
     deadline = time.monotonic() + timeout
@@ -69,7 +83,7 @@ def test_killed_and_restarted_runs_end_exactly_like_an_uninterrupted_run(prepare
     for kind in plan:
         process, before = start(run), logged_steps(run)
         if kind == "save":
-            killed = kill_when(process, lambda: saving(run))
+            killed = kill_when(process, nth_save(run, rng.randint(1, 3)))
         else:
             target = before + rng.randint(1, 6)
             killed = kill_when(process, lambda: logged_steps(run) >= target)
@@ -78,7 +92,8 @@ def test_killed_and_restarted_runs_end_exactly_like_an_uninterrupted_run(prepare
         kills.append((kind, logged_steps(run)))
         if kind == "save":
             assert saving(run), "the kill should have cut a save short"
-    print(kills)
+        for checkpoint in (run / "checkpoints").glob("*.ckpt"):  # every checkpoint written before the kill is whole
+            torch.load(checkpoint, map_location="cpu", weights_only=True)
     final = start(run)
     _, err = final.communicate(timeout=300)
     assert final.returncode == 0, err[-3000:]

@@ -2,7 +2,7 @@
 the number of devices, DDP reproduces the single-process run, FLOPs match torch's counter."""
 
 import csv
-import hashlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,20 +49,6 @@ def test_global_batch_stays_64_on_other_hardware():
     assert gradient_accumulation(one_gpu) == 4
 
 
-def test_global_batch_that_cannot_divide_is_one_clear_error(tmp_path):
-    result = run_cli("normlab-train", "experiment=paper_70m", "trainer.devices=3", f"run_dir={tmp_path / 'run'}")
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert "global_batch_size=64 is not a multiple of data.batch_size=16 x trainer.devices=3 x trainer.num_nodes=1" in line
-    assert not (tmp_path / "run").exists()
-
-
-def test_slurm_tasks_must_match_devices(tmp_path, prepared):
-    result = run_cli("normlab-train", *FAST_TRAIN, f"run_dir={tmp_path / 'run'}",
-                     env={"SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NAME": "normlab"})
-    assert result.returncode == 2 and "Slurm runs 4 tasks per node but trainer.devices=1" in result.stderr
-
-
 def test_an_optimizer_step_sees_the_same_windows_whatever_the_device_split():
     def step_windows(world, accumulate, steps=5):
         micro = [list(ShuffledWindows(200, 4, seed=3, rank=r, world_size=world, accumulate=accumulate)) for r in range(world)]
@@ -72,12 +58,12 @@ def test_an_optimizer_step_sees_the_same_windows_whatever_the_device_split():
     assert step_windows(1, 4) == step_windows(2, 2) == step_windows(4, 1)
 
 
-def math_attention(q, k, v, is_causal=False):
+def math_attention(q, k, v, is_causal=False, dropout_p=0.0):
     """Attention as explicit matrix products, so FlopCounterMode sees them (the fused CPU kernel is not counted)."""
     T = q.shape[-2]
     scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
     scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")) if is_causal else scores
-    return scores.softmax(-1) @ v
+    return F.dropout(scores.softmax(-1), dropout_p) @ v
 
 
 def test_flops_per_token_matches_torch_flop_counter(monkeypatch):
@@ -90,11 +76,15 @@ def test_flops_per_token_matches_torch_flop_counter(monkeypatch):
     assert counter.get_total_flops() == model.flops_per_token() * ids.numel()
 
 
-def test_wandb_run_id_is_stable_for_a_run_directory():
-    a = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=2"])
-    b = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=2"])
-    c = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=3"])
-    assert a.logger.wandb.id == b.logger.wandb.id == hashlib.sha1(a.run_dir.encode()).hexdigest()[:16] != c.logger.wandb.id
+def test_wandb_run_id_is_kept_for_a_run_directory_and_new_after_a_restart(tmp_path):
+    def wandb_id(seed: int) -> str:
+        return compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", f"seed={seed}", f"paths.output_dir={tmp_path}"]).logger.wandb.id
+
+    first = wandb_id(2)
+    assert wandb_id(2) == first != wandb_id(3)
+    a = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=2", f"paths.output_dir={tmp_path}"])
+    Path(f"{a.run_dir}.replaced-20261122-101500").mkdir(parents=True)  # what restart=true does with the earlier run
+    assert wandb_id(2) != first
     assert a.logger.wandb.group == "paper_70m" and list(a.logger.wandb.tags) == ["rmsnorm", "70m", "seed2"]
     assert a.logger.wandb.job_type == "train" and a.logger.wandb.project == "normlab"
 
@@ -105,8 +95,8 @@ def step_losses(run_dir):
 
 
 def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prepared, tmp_path):
-    common = [*FAST_TRAIN, "global_batch_size=4", "probe.tokens=8192", "callbacks.scheduled_checkpoints.every=3",
-              "callbacks.scheduled_checkpoints.dense_until=3"]
+    common = [*FAST_TRAIN, "global_batch_size=4", "probe.tokens=8192", "trainer.val_check_interval=3",
+              "callbacks.scheduled_checkpoints.every=3", "callbacks.scheduled_checkpoints.dense_until=3"]
     one = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'one'}",  # 1 process, 2 micro-batches per step
                   "callbacks.throughput.peak_flops=1e11")  # a made-up peak, so that MFU is logged on CPU too
     two = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'two'}", "trainer.accelerator=cpu",

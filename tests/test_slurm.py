@@ -1,5 +1,6 @@
 """The real thing: the project's sbatch script on a one-node Slurm cluster (slurm/local_cluster.sh, which
-`make test` starts), DDP over 2 tasks on CPU, SIGUSR1 in the middle of the run, requeue and resume."""
+`make test` starts), DDP over 2 tasks on CPU, SIGUSR1 in the middle of the run, requeue and resume (with dropout,
+so that both ranks' random states must be restored)."""
 
 import csv
 import os
@@ -13,7 +14,7 @@ import pytest
 
 from train.paths import PROJECT_ROOT
 
-RUN = ["model.n_layer=2", "data.batch_size=2", "data.val_tokens=1024", "trainer.max_steps=120", "trainer.val_check_interval=40",
+RUN = ["model.n_layer=2", "model.dropout=0.1", "data.batch_size=2", "data.val_tokens=1024", "trainer.max_steps=120", "trainer.val_check_interval=40",
        "callbacks.scheduled_checkpoints.every=40", "callbacks.scheduled_checkpoints.dense_until=40",
        "callbacks.scheduled_checkpoints.sparse_every=120", "logger=csv", "global_batch_size=4", "probe.tokens=4096"]
 

@@ -18,6 +18,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
@@ -96,6 +97,17 @@ def hydra_app(config_name: str):
     return decorate
 
 
+def build(config: DictConfig):
+    """hydra.utils.instantiate, letting normlab's own errors through unwrapped (Hydra wraps what a constructor
+    raises in an InstantiationException)."""
+    try:
+        return instantiate(config)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, NormlabError):
+            raise e.__cause__ from None
+        raise
+
+
 def build_model(cfg: DictConfig) -> GPT:
     """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised)."""
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
@@ -135,6 +147,7 @@ def build_module(cfg: DictConfig) -> LanguageModel:
         warmup_steps=max(1, round(cfg.schedule.warmup_fraction * max_steps)),
         max_steps=max_steps,
         min_lr_ratio=cfg.schedule.min_lr_ratio,
+        seed=cfg.seed,
         config={k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "logger"},
     )
 
@@ -180,7 +193,8 @@ def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
     old, new = (flat(OmegaConf.to_container(c, resolve=True)) for c in (OmegaConf.load(saved), cfg))
     # a run directory that was moved keeps its identity: paths inside it follow it
     old = {k: v.replace(old["run_dir"], new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
-    changed = [k for k in sorted(old.keys() | new.keys()) if not k.startswith(ignored) and old.get(k) != new.get(k)]
+    changed = [k for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))  # callbacks
+               if not k.startswith(ignored) and old.get(k) != new.get(k)]  # last: mostly copies of trainer settings
     if changed:
         shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (" ..." if len(changed) > 3 else "")
         raise ConfigError(f"{run_dir} holds checkpoints of another config ({shown}): give another run_dir, "
@@ -204,9 +218,9 @@ def train(cfg: DictConfig) -> None:
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         accumulate = gradient_accumulation(cfg)
         module = build_module(cfg)
-        datamodule = instantiate(cfg.data)
+        datamodule = build(cfg.data)
         datamodule.verify()
-        callbacks = [instantiate(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
+        callbacks = [build(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
         check_run_dir(cfg, run_dir)
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):

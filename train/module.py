@@ -46,12 +46,16 @@ def lr_factor(step: int, warmup_steps: int, max_steps: int, min_lr_ratio: float)
 
 class LanguageModel(L.LightningModule):
     def __init__(self, model: GPT, optimizer: Callable, warmup_steps: int, max_steps: int,
-                 min_lr_ratio: float, config: dict | None = None):
+                 min_lr_ratio: float, seed: int = 0, config: dict | None = None):
         super().__init__()
         self.save_hyperparameters(ignore=["model", "optimizer"])  # the run's full config rides in every checkpoint
         self.model = model
         self.optimizer = optimizer
         self._micro_losses: list[torch.Tensor] = []
+
+    def setup(self, stage: str) -> None:
+        # Each rank its own dropout stream (rank 0 the single-process one); a resumed run then restores them all.
+        L.seed_everything(self.hparams.seed + self.global_rank, verbose=False)
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
