@@ -38,13 +38,20 @@ def other_tokenizer(data: Path) -> None:
     (data / "meta.json").write_text(json.dumps(meta))
 
 
-def earlier_run(run: Path) -> None:
+@pytest.fixture(scope="module")
+def finished_run(prepared, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("finished") / "run"
     result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
+    return run
 
 
-def checkpoints_without_config(run: Path) -> None:
-    earlier_run(run)
+def earlier_run(run: Path, finished: Path) -> None:
+    shutil.copytree(finished, run)
+
+
+def checkpoints_without_config(run: Path, finished: Path) -> None:
+    earlier_run(run, finished)
     (run / "config.yaml").unlink()
 
 
@@ -76,12 +83,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, prepared, tmp_path):
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, prepared, finished_run, tmp_path):
     args, damage, env, fragments = CASES[case]
     data, run = Path(shutil.copytree(prepared, tmp_path / "embedded")), tmp_path / "run"
     (tmp_path / "a-file").write_text("a file where a directory is expected\n")
     if damage in (earlier_run, checkpoints_without_config):
-        damage(run)
+        damage(run, finished_run)  # a copy of a finished run: its run_dir inside config.yaml differs, as for a moved run
     elif damage:
         damage(data)
     before = snapshot(tmp_path)
