@@ -134,7 +134,9 @@ class AngleCallback(L.Callback):
         batches = [(b.to(pl_module.device), None) for b in mine.split(self.batch_size)]
         was_training = model.training
         model.eval()
-        stats = measure(lambda ids, mask: model.hidden(ids), norm_sites(model, "normlab"), model.config.n_embd, batches, pl_module.device)
+        with torch.compiler.set_stance("force_eager"):  # eager: hooks and eval mode would recompile every block
+            stats = measure(lambda ids, mask: model.hidden(ids), norm_sites(model, "normlab"), model.config.n_embd, batches,
+                            pl_module.device)
         model.train(was_training)
         if trainer.is_global_zero:
             records = stats.records(trainer.global_step)

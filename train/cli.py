@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
+from train import runtime
 from train.checkpoint_io import FsyncCheckpointIO
 from train.errors import ConfigError, NormlabError
 from train.model import GPT, GPTConfig
@@ -138,6 +139,9 @@ def gradient_accumulation(cfg: DictConfig) -> int:
 def build_module(cfg: DictConfig) -> LanguageModel:
     model = build_model(cfg)
     model.init_weights(cfg.seed)
+    if cfg.runtime.compile:
+        for block in model.blocks:
+            block.compile()  # in place: parameter names, hence checkpoints, stay those of the eager model
     max_steps = cfg.trainer.max_steps
     if max_steps is None or max_steps < 1:
         raise ConfigError(f"trainer.max_steps must be a positive number of optimizer steps, got {max_steps}")
@@ -215,6 +219,7 @@ def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest complete checkpoint of its run directory when there is one."""
     run_dir = Path(cfg.run_dir)
     try:
+        attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         accumulate = gradient_accumulation(cfg)
         module = build_module(cfg)
@@ -239,7 +244,8 @@ def train(cfg: DictConfig) -> None:
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins,
                           val_check_interval=cfg.trainer.val_check_interval * accumulate)  # Lightning counts micro-batches
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
+        with attention:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
     finally:
         if "wandb" in cfg.logger:
             import wandb
