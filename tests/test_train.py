@@ -9,8 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import FAST_TRAIN, run_cli
-from train.cli import build_module
+from conftest import FAST_TRAIN, compose_config, run_cli
+from train.errors import NonFiniteError
+from train.cli import build, build_module, build_trainer
 from train.angles import read_csv
 from train.module import lr_factor
 
@@ -173,6 +174,16 @@ def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tm
     diagnostic = torch.load(tmp_path / "checkpoints" / "nonfinite-step-0000001.ckpt", weights_only=False)
     assert diagnostic["global_step"] == 1
     assert all(torch.isfinite(v).all() for v in diagnostic["state_dict"].values())  # the state before the bad update
+
+
+def test_non_finite_gradient_with_a_finite_loss_stops_the_run(prepared, tmp_path):
+    cfg = compose_config(overrides=[*FAST_TRAIN, f"run_dir={tmp_path}"])
+    module, datamodule = build_module(cfg), build(cfg.data)
+    module.model.lm_head.weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([7]), float("inf")))
+    trainer = build_trainer(cfg, [build(cfg.callbacks.nonfinite_guard)], accumulate=1)
+    with pytest.raises(NonFiniteError, match=r"^non-finite gradient at optimizer step 0 \(loss 1"):
+        trainer.fit(module, datamodule=datamodule)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["nonfinite-step-0000000.ckpt"]
 
 
 def test_a_truncated_last_checkpoint_is_skipped_for_the_previous_one(sweep, tmp_path):

@@ -1,11 +1,19 @@
 """normlab-bench: measurements printed as one table, side by side in one run, and written to a file.
 
+    normlab-bench norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
+    normlab-bench step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
+    normlab-bench framework      normlab-train's Lightning step vs a minimal plain PyTorch loop, same model and batches
     normlab-bench prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
     normlab-bench angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
+
+Times are medians of repetitions interleaved between the things compared, so that a machine shared with other
+work slows them alike; ratios are what to read.
 """
 
 import argparse
 import json
+import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -13,6 +21,157 @@ import time
 from pathlib import Path
 
 from train.paths import PROJECT_ROOT
+
+SECTIONS = ["norms", "step", "framework", "prepare", "angles"]
+
+def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
+    """Median seconds of each function over `repeats` rounds, each round calling every function once."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up (and the first-use build of the fused kernel, or compilation)
+        fn()
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync()
+            started = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
+    """The project's LayerNorm and RMSNorm modules and torch's functions, forward+backward at the paper widths."""
+    import torch
+    import torch.nn.functional as F
+
+    from train.norms import LayerNorm, RMSNorm
+
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for d in (512, 768, 1024, 2048):
+            x = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=True)
+            grad = torch.randn_like(x)
+            ln, rms = LayerNorm(d).to(device, dtype), RMSNorm(d).to(device, dtype)
+            t = interleaved({
+                "ln": lambda: ln(x).backward(grad),
+                "rms": lambda: rms(x).backward(grad),
+                "torch_ln": lambda: F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps).backward(grad),
+                "torch_rms": lambda: F.rms_norm(x, (d,), rms.weight, rms.eps).backward(grad),
+            }, repeats, device)
+            results.append((f"norm forward+backward, {str(dtype)[6:]}, d={d} ({rows} rows, {device.type})",
+                            f"RMSNorm / LayerNorm {t['rms'] / t['ln']:.2f} (target <= 1); torch's RMSNorm / LayerNorm "
+                            f"{t['torch_rms'] / t['torch_ln']:.2f}; ours / torch's: LayerNorm {t['ln'] / t['torch_ln']:.2f}, "
+                            f"RMSNorm {t['rms'] / t['torch_rms']:.2f}"))
+    return results
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from train.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("train", overrides)
+
+
+def bench_step(device, repeats: int) -> list[tuple[str, str]]:
+    """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with LN and with RMS, on
+    the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its MFU; on CPU a 2-layer
+    model of the 70m width."""
+    import torch
+
+    from train.callbacks import peak_flops
+    from train.cli import build_module
+
+    if device.type == "cuda":
+        shape, batch = ["model=410m", "runtime.compile=true"], 8
+    else:
+        shape, batch = ["model=70m", "model.n_layer=2", "model.block_size=256"], 4
+    steps, modules = {}, {}
+    for norm in ("layernorm", "rmsnorm"):
+        cfg = compose([*shape, f"norm={norm}"])
+        module = modules[norm] = build_module(cfg).to(device)
+        optimizer = module.configure_optimizers()["optimizer"]
+        ids = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.block_size + 1), device=device,
+                            generator=torch.Generator(device).manual_seed(0))
+
+        def step(module=module, optimizer=optimizer, ids=ids):
+            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                loss = module.loss((ids[:, :-1], ids[:, 1:]))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        steps[norm] = step
+    t = interleaved(steps, repeats, device)
+    tokens = batch * modules["layernorm"].model.config.block_size
+    name = f"{shape[0][6:]}{'' if device.type == 'cuda' else ' (2 layers)'}, {batch}x{tokens // batch} tokens"
+    rows = [(f"training step RMS / LN ({name}, {device.type})",
+             f"{t['rmsnorm'] / t['layernorm']:.3f} (target <= 1); LN {tokens / t['layernorm']:,.0f} tokens/s, "
+             f"RMS {tokens / t['rmsnorm']:,.0f} tokens/s")]
+    if peak := peak_flops(device):
+        for norm in steps:
+            mfu = tokens / t[norm] * modules[norm].model.flops_per_token() / peak
+            rows.append((f"MFU, {name}, {norm}, bf16, compiled blocks, fused AdamW ({torch.cuda.get_device_name(device)})",
+                         f"{100 * mfu:.1f}% (target >= 45%)"))
+    return rows
+
+
+def bench_framework(steps: int) -> list[tuple[str, str]]:
+    """normlab-train's trainer (the real config: Lightning, every callback, loggers, progress bar) against a minimal
+    plain PyTorch step training a second copy of the model on the same batches, in lockstep: after each framework
+    step a callback runs one plain step, so that a machine shared with other work slows both alike. The framework's
+    time per step is what passes between the end of one plain step and the end of the next framework step; both
+    models start from the same weights, so the weights they end with show that the framework computed the same thing."""
+    import lightning as L
+    import torch
+
+    from train.cli import build, build_module, build_trainer
+
+    class PlainTwin(L.Callback):
+        def __init__(self, cfg):
+            self.module, datamodule = build_module(cfg), build(cfg.data)
+            datamodule.setup("fit")
+            self.batches = iter(datamodule.train_dataloader())
+            optimizers = self.module.configure_optimizers()
+            self.optimizer, self.schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+            self.params = [p for group in self.optimizer.param_groups for p in group["params"]]  # as Lightning clips
+            self.clip = cfg.trainer.gradient_clip_val
+            self.framework, self.plain, self.same_batches, self.plain_end = [], [], True, None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, framework_batch, batch_idx):
+            started = time.perf_counter()
+            if self.plain_end is not None:
+                self.framework.append(started - self.plain_end)
+            batch = next(self.batches)
+            loss = self.module.loss(batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+            self.optimizer.step()
+            self.schedule.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.plain_end = time.perf_counter()
+            self.plain.append(self.plain_end - started)
+            self.same_batches &= all(torch.equal(a, b) for a, b in zip(batch, framework_batch))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose([f"run_dir={tmp}/run", "logger=csv", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
+                       f"callbacks.scheduled_checkpoints.every={steps}", "probe.tokens=8192"])  # validation and checkpoints after the last step
+        twin, module = PlainTwin(cfg), build_module(cfg)
+        trainer = build_trainer(cfg, [*(build(c) for c in cfg.callbacks.values()), twin], accumulate=1)
+        trainer.fit(module, datamodule=build(cfg.data))
+    same = twin.same_batches and all(torch.equal(a, b) for a, b in zip(module.parameters(), twin.module.parameters()))
+    # each framework step against the plain step just before it: neighbours in time share the machine's state
+    ratio = statistics.median(plain / framework for plain, framework in zip(twin.plain, twin.framework))
+    tokens = cfg.data.batch_size * cfg.model.block_size
+    return [(f"normlab-train / plain PyTorch loop, tokens/s ({cfg.model.name} model, {tokens} tokens per step, "
+             f"median over {len(twin.framework)} pairs of neighbouring steps, cpu)",
+             f"{ratio:.3f} (target >= 0.97); {'identical' if same else 'DIFFERENT'} batches and weights after {steps} steps")]
+
 
 def process_tree_memory(root: int) -> tuple[int, int]:
     """(anonymous memory of the processes under `root`, largest RSS of one of them), in kB, from /proc.
@@ -79,13 +238,8 @@ def probe_setup(model_name: str, seq_len: int):
 
     from train.angles import measure, norm_sites
     from train.cli import build_model
-    from train.paths import CONF_DIR
 
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", [f"model={model_name}", f"model.block_size={seq_len}"])
-    model = build_model(cfg)
+    model = build_model(compose([f"model={model_name}", f"model.block_size={seq_len}"]))
     model.init_weights(0)
     model.eval()
     sites, d = norm_sites(model, "normlab"), model.config.n_embd
@@ -94,8 +248,6 @@ def probe_setup(model_name: str, seq_len: int):
 
 def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> list[tuple[str, str]]:
     """Interleaved repetitions of the plain forward and the probe pass on the same batches; medians."""
-    import statistics
-
     torch, model, probe = probe_setup(model_name, seq_len)
     batches = [(torch.randint(0, 50257, (batch, seq_len), generator=torch.Generator().manual_seed(i)), None) for i in range(2)]
     plain, hooked = [], []
@@ -130,22 +282,39 @@ def probe_memory(model_name: str, seq_len: int, windows: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", choices=["prepare", "angles", []], help="default: all")
+    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="default: all")
     parser.add_argument("--scale", type=int, default=2, help="copies of the embedded corpus in the 1x prepare corpus")
     parser.add_argument("--model", default="70m", help="model preset for the angle benchmark")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=4096, help="rows of the norm benchmark's inputs")
+    parser.add_argument("--steps", type=int, default=100, help="training steps of the framework benchmark")
     parser.add_argument("--probe-memory", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "checkpoints" / "bench" / "bench.md")
     args = parser.parse_args(argv)
     if args.probe_memory:
         return probe_memory(args.model, args.seq_len, args.probe_memory)
-    rows, sections = [], args.sections or ["prepare", "angles"]
+    import torch
+
+    from train.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as normlab-train does
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows, sections = [], args.sections or SECTIONS
+    if "norms" in sections:
+        rows += bench_norms(device, args.rows, 10 * args.repeats)
+    if "step" in sections:
+        rows += bench_step(device, 2 * args.repeats)
+    if "framework" in sections:
+        rows += bench_framework(args.steps)
     if "prepare" in sections:
         rows += bench_prepare(args.scale)
     if "angles" in sections:
         rows += bench_angles(args.model, args.seq_len, 4, args.repeats)
-    table = "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}"
+    header = (f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
+              f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n")
+    table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
     print(table + f"\nwrote {args.out}")

@@ -156,6 +156,15 @@ def build_module(cfg: DictConfig) -> LanguageModel:
     )
 
 
+def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int) -> L.Trainer:
+    loggers = [instantiate(c) for c in cfg.logger.values()]
+    # One preemption mechanism per launch path: under sbatch, the SlurmRequeue callback (SIGUSR1); under Hydra's
+    # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
+    plugins = [FsyncCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins,
+                       val_check_interval=cfg.trainer.val_check_interval * accumulate)  # Lightning counts micro-batches
+
+
 def resume_checkpoint(run_dir: Path) -> str | None:
     """The newest complete checkpoint of the run: last.ckpt, else the newest scheduled one after step 0. A checkpoint whose
     zip archive is unreadable (a save cut short) is skipped with a warning in favour of the previous one; the
@@ -237,12 +246,7 @@ def train(cfg: DictConfig) -> None:
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), run_dir / "overrides.yaml")
 
-    loggers = [instantiate(c) for c in cfg.logger.values()]
-    # One preemption mechanism per launch path: under sbatch, the SlurmRequeue callback (SIGUSR1); under Hydra's
-    # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
-    plugins = [FsyncCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins,
-                          val_check_interval=cfg.trainer.val_check_interval * accumulate)  # Lightning counts micro-batches
+    trainer = build_trainer(cfg, callbacks, accumulate)
     try:
         with attention:
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
