@@ -59,6 +59,22 @@ def test_planted_component_along_uniform_gives_the_analytic_angle(t):
     assert r["mean_cos2"] == pytest.approx(t * t * d / (t * t * d + 9.0), abs=1e-6)
 
 
+@pytest.mark.parametrize("degrees", [0.01, 0.5, 10.0, 120.0])
+def test_rotation_from_norm_input_to_output_is_the_angle_between_them(degrees):
+    d = 256
+    gen = torch.Generator().manual_seed(2)
+    a, b = torch.randn(2, d, dtype=torch.float64, generator=gen)
+    a, b = a / a.norm(), b - (b @ a) * a / (a @ a)
+    b /= b.norm()
+    turned = math.cos(math.radians(degrees)) * a + math.sin(math.radians(degrees)) * b
+    module = nn.Module()
+    module.forward = lambda x: 7.0 * turned.float().expand_as(x)  # output at `degrees` from the input, rescaled
+    x = (3.0 * a).float().expand(2, 5, d).clone()
+    stats = measure(lambda ids, mask: module(ids), [NormSite(0, "attn_norm", module)], d, [(x, None)])
+    r = records_of(stats, "attn_norm.rotation")["input"]
+    assert r["mean_deg"] == pytest.approx(degrees, rel=1e-3, abs=2e-4) and r["count"] == 10
+
+
 @pytest.mark.parametrize("norm", [LayerNorm, RMSNorm])
 def test_mean_centred_writing_weights_put_every_norm_input_at_exactly_90_degrees(norm):
     model = GPT(GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=500), norm)

@@ -94,8 +94,8 @@ class AngleStats:
         bins = degrees.long().clamp_(0, BINS - 1) + torch.arange(len(idx), device=degrees.device)[:, None] * BINS
         counts = torch.bincount(bins.flatten(), minlength=len(idx) * BINS).view(len(idx), BINS)
         self.hist[idx] += counts.double()
-        self.norm_sum[idx] += norms.double().sum(1)
-        self.cos2_sum[idx] += cos2.double().sum(1)
+        self.norm_sum[idx] += norms.sum(1, dtype=torch.float64)
+        self.cos2_sum[idx] += cos2.sum(1, dtype=torch.float64)
 
     def _merge_moments(self, idx, n_b, mean_b, m2_b) -> None:
         n_a, mean_a = self.count[idx], self.mean[idx]
@@ -195,9 +195,12 @@ class AngleProbe:
         return hook
 
     def _observe(self, site: NormSite, x: torch.Tensor, y: torch.Tensor) -> None:
-        mask = self.mask if self.mask is not None else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-        first = mask[:, 0]
-        for position, xs, ys in (("all", x[mask], y[mask]), ("first", x[:, 0][first], y[:, 0][first])):
+        if self.mask is None:  # no padding: views, no copies
+            selected = (("all", x.flatten(0, 1), y.flatten(0, 1)), ("first", x[:, 0], y[:, 0]))
+        else:
+            first = self.mask[:, 0]
+            selected = (("all", x[self.mask], y[self.mask]), ("first", x[:, 0][first], y[:, 0][first]))
+        for position, xs, ys in selected:
             # one update for the 7 rows of this site: input and output against each reference, and the rotation
             x_norm, y_norm = xs.norm(dim=1), ys.norm(dim=1)
             cos = torch.cat([
@@ -205,9 +208,10 @@ class AngleProbe:
                 (ys @ self.references.T) / (y_norm[:, None] * self.reference_norms).clamp_min(1e-30),
             ], 1).T
             radians = torch.acos(cos.clamp(-1, 1))  # well conditioned: these angles lie near 90 degrees
-            # The rotation is small: 2 atan2(|x^ - y^|, |x^ + y^|) keeps the precision acos loses near 0.
-            x_unit, y_unit = xs / x_norm[:, None].clamp_min(1e-30), ys / y_norm[:, None].clamp_min(1e-30)
-            rotation = 2 * torch.atan2((x_unit - y_unit).norm(dim=1), (x_unit + y_unit).norm(dim=1))
+            # The rotation is small: 2 atan2(|x^ - y^|, |x^ + y^|) keeps the precision acos loses near 0, and for
+            # unit vectors |x^ + y^| = sqrt(4 - |x^ - y^|^2), which saves a pass over the vectors.
+            gap = torch.addcmul(xs / x_norm[:, None].clamp_min(1e-30), ys, -1 / y_norm[:, None].clamp_min(1e-30)).norm(dim=1)
+            rotation = 2 * torch.atan2(gap, (4 - gap**2).clamp_min(0).sqrt())
             radians = torch.cat([radians, rotation[None]])
             norms = torch.stack([x_norm] * 3 + [y_norm] * 3 + [x_norm])
             self.stats.update(self._rows(site, position), torch.rad2deg(radians), norms, torch.cos(radians) ** 2)
