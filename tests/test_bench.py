@@ -13,7 +13,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout
-    assert table.startswith("normlab-bench norms step framework prepare angles: torch ")
+    assert table.startswith("normlab-bench framework norms step prepare angles: torch ")
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M)[1:])  # after the header row
     norm_rows = [k for k in rows if k.startswith("norm forward+backward")]
     assert len(norm_rows) == 8 and all("d=512" in k or "d=768" in k or "d=1024" in k or "d=2048" in k for k in norm_rows)

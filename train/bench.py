@@ -1,8 +1,8 @@
 """normlab-bench: measurements printed as one table, side by side in one run, and written to a file.
 
+    normlab-bench framework      normlab-train's Lightning step vs a minimal plain PyTorch loop, same model and batches (CPU)
     normlab-bench norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
     normlab-bench step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
-    normlab-bench framework      normlab-train's Lightning step vs a minimal plain PyTorch loop, same model and batches
     normlab-bench prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
     normlab-bench angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
 
@@ -12,7 +12,9 @@ work slows them alike; ratios are what to read.
 
 import argparse
 import json
+import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -22,18 +24,22 @@ from pathlib import Path
 
 from train.paths import PROJECT_ROOT
 
-SECTIONS = ["norms", "step", "framework", "prepare", "angles"]
+SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
 
 def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
-    """Median seconds of each function over `repeats` rounds, each round calling every function once."""
+    """Median seconds of each function over `repeats` rounds, each round calling every function once, in an order
+    shuffled from round to round (a function that runs right after a costly one runs slower: no one neighbour)."""
     import torch
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = {name: [] for name in fns}
     for fn in fns.values():  # warm-up (and the first-use build of the fused kernel, or compilation)
         fn()
+    order, shuffle = list(fns), random.Random(0).shuffle
     for _ in range(repeats):
-        for name, fn in fns.items():
+        shuffle(order)
+        for name in order:
+            fn = fns[name]
             sync()
             started = time.perf_counter()
             fn()
@@ -159,7 +165,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
             self.same_batches &= all(torch.equal(a, b) for a, b in zip(batch, framework_batch))
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose([f"run_dir={tmp}/run", "logger=csv", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
+        cfg = compose([f"run_dir={tmp}/run", "trainer.accelerator=cpu", "logger=csv", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
                        f"callbacks.scheduled_checkpoints.every={steps}", "probe.tokens=8192"])  # validation and checkpoints after the last step
         twin, module = PlainTwin(cfg), build_module(cfg)
         trainer = build_trainer(cfg, [*(build(c) for c in cfg.callbacks.values()), twin], accumulate=1)
@@ -280,6 +286,13 @@ def probe_memory(model_name: str, seq_len: int, windows: int) -> None:
     probe((torch.randint(0, 50257, (8, seq_len), generator=gen), None) for _ in range(windows // 8))
 
 
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] \
+        if cpuinfo.exists() else []
+    return f"{names[0]}, {len(os.sched_getaffinity(0))} cores" if names else platform.machine()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.splitlines()[0])
     parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="default: all")
@@ -301,17 +314,17 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()  # as normlab-train does
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows, sections = [], args.sections or SECTIONS
+    if "framework" in sections:  # first, in a fresh process, as normlab-train runs
+        rows += bench_framework(args.steps)
     if "norms" in sections:
         rows += bench_norms(device, args.rows, 10 * args.repeats)
     if "step" in sections:
         rows += bench_step(device, 2 * args.repeats)
-    if "framework" in sections:
-        rows += bench_framework(args.steps)
     if "prepare" in sections:
         rows += bench_prepare(args.scale)
     if "angles" in sections:
         rows += bench_angles(args.model, args.seq_len, 4, args.repeats)
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()}"
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     header = (f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
               f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n")
     table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
