@@ -166,8 +166,10 @@ def stat_rows(sites: list[NormSite]) -> list[tuple[int, str, str, str]]:
 
 
 class AngleProbe:
-    """Forward hooks on the norm modules that feed AngleStats; `mask` ([B, T] bool, True = real token)
-    must be set before each forward when batches are padded."""
+    """Forward hooks on the norm modules that feed AngleStats. A hook reduces the norm's input and output to a
+    few numbers per token (their norms, their dot products with the references, the rotation); `flush()`, after
+    each forward, turns those of every site into angles and statistics at once. `mask` ([B, T] bool, True = real
+    token) must be set before each forward when batches are padded."""
 
     def __init__(self, sites: list[NormSite], d: int, device=None, **reference_kwargs):
         self.sites, self.d = sites, d
@@ -175,6 +177,7 @@ class AngleProbe:
         self.references = reference_vectors(d, **reference_kwargs).to(device=device, dtype=torch.float32)
         self.reference_norms = self.references.norm(dim=1)
         self.mask: torch.Tensor | None = None
+        self._pending: list[tuple[NormSite, torch.Tensor]] = []
         self._row_cache: dict[tuple, torch.Tensor] = {}
 
     @contextmanager
@@ -190,31 +193,44 @@ class AngleProbe:
         def hook(module, args, output):
             x = args[0] if args else None
             y = output[0] if isinstance(output, tuple) else output
-            self._observe(site, x.detach().float(), y.detach().float())
+            if any(pending is site for pending, _ in self._pending):  # a norm called twice in one forward
+                self.flush()
+            self._pending.append((site, self._per_token(x.detach().float(), y.detach().float())))
 
         return hook
 
-    def _observe(self, site: NormSite, x: torch.Tensor, y: torch.Tensor) -> None:
-        if self.mask is None:  # no padding: views, no copies
-            selected = (("all", x.flatten(0, 1), y.flatten(0, 1)), ("first", x[:, 0], y[:, 0]))
-        else:
-            first = self.mask[:, 0]
-            selected = (("all", x[self.mask], y[self.mask]), ("first", x[:, 0][first], y[:, 0][first]))
-        for position, xs, ys in selected:
-            # one update for the 7 rows of this site: input and output against each reference, and the rotation
-            x_norm, y_norm = xs.norm(dim=1), ys.norm(dim=1)
-            cos = torch.cat([
-                (xs @ self.references.T) / (x_norm[:, None] * self.reference_norms).clamp_min(1e-30),
-                (ys @ self.references.T) / (y_norm[:, None] * self.reference_norms).clamp_min(1e-30),
-            ], 1).T
-            radians = torch.acos(cos.clamp(-1, 1))  # well conditioned: these angles lie near 90 degrees
-            # The rotation is small: 2 atan2(|x^ - y^|, |x^ + y^|) keeps the precision acos loses near 0, and for
-            # unit vectors |x^ + y^| = sqrt(4 - |x^ - y^|^2), which saves a pass over the vectors.
-            gap = torch.addcmul(xs / x_norm[:, None].clamp_min(1e-30), ys, -1 / y_norm[:, None].clamp_min(1e-30)).norm(dim=1)
-            rotation = 2 * torch.atan2(gap, (4 - gap**2).clamp_min(0).sqrt())
-            radians = torch.cat([radians, rotation[None]])
-            norms = torch.stack([x_norm] * 3 + [y_norm] * 3 + [x_norm])
-            self.stats.update(self._rows(site, position), torch.rad2deg(radians), norms, torch.cos(radians) ** 2)
+    def _per_token(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[B, T, 9]: x and y against each reference (dot products), |x|, |y|, and |x^ - y^| (unit vectors)."""
+        x_norm, y_norm = x.norm(dim=-1, keepdim=True), y.norm(dim=-1, keepdim=True)
+        # The rotation is small, so it is measured from |x^ - y^| (see flush), which keeps the precision that
+        # an angle from x . y loses near 0.
+        gap = torch.addcmul(x / x_norm.clamp_min(1e-30), y, -1 / y_norm.clamp_min(1e-30)).norm(dim=-1, keepdim=True)
+        return torch.cat([x @ self.references.T, y @ self.references.T, x_norm, y_norm, gap], -1)
+
+    def flush(self) -> None:
+        """Add what the hooks saw since the last flush to the statistics: one update per position for all sites."""
+        pending, self._pending = self._pending, []
+        by_shape: dict[tuple, list] = {}
+        for site, values in pending:
+            by_shape.setdefault(values.shape, []).append((site, values))
+        for group in by_shape.values():
+            sites, values = zip(*group)
+            values = torch.stack(values)  # [sites, B, T, 9]
+            mask = self.mask if self.mask is not None else torch.ones(values.shape[1:3], dtype=torch.bool, device=values.device)
+            for position, selected in (("all", values[:, mask]), ("first", values[:, :, 0][:, mask[:, 0]])):
+                self._update(sites, position, selected)
+
+    def _update(self, sites, position: str, values: torch.Tensor) -> None:
+        """values: [sites, tokens, 9] from _per_token."""
+        dots, x_norm, y_norm, gap = values[..., :6], values[..., 6], values[..., 7], values[..., 8]
+        norms = torch.stack([x_norm] * 3 + [y_norm] * 3 + [x_norm], 1)  # [sites, 7, tokens], in site_rows order
+        cos = dots.transpose(1, 2) / (norms[:, :6] * self.reference_norms.repeat(2)[:, None]).clamp_min(1e-30)
+        radians = torch.acos(cos.clamp(-1, 1))  # well conditioned: these angles lie near 90 degrees
+        # for unit vectors |x^ + y^| = sqrt(4 - |x^ - y^|^2), and the angle between them is 2 atan2 of the two
+        rotation = 2 * torch.atan2(gap, (4 - gap**2).clamp_min(0).sqrt())
+        radians = torch.cat([radians, rotation[:, None]], 1)
+        rows = torch.cat([self._rows(site, position) for site in sites])
+        self.stats.update(rows, torch.rad2deg(radians).flatten(0, 1), norms.flatten(0, 1), (torch.cos(radians) ** 2).flatten(0, 1))
 
     def _rows(self, site: NormSite, position: str) -> torch.Tensor:
         key = (site.layer, site.role, position)
@@ -233,6 +249,7 @@ def measure(forward, sites: list[NormSite], d: int, batches, device=None, **refe
         for ids, mask in batches:
             probe.mask = mask
             forward(ids, mask)
+            probe.flush()
     return probe.stats.all_reduce()
 
 

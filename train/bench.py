@@ -256,18 +256,10 @@ def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> lis
     """Interleaved repetitions of the plain forward and the probe pass on the same batches; medians."""
     torch, model, probe = probe_setup(model_name, seq_len)
     batches = [(torch.randint(0, 50257, (batch, seq_len), generator=torch.Generator().manual_seed(i)), None) for i in range(2)]
-    plain, hooked = [], []
     with torch.no_grad():
-        probe(batches[:1])  # warm-up
-        for _ in range(repeats):
-            started = time.perf_counter()
-            for ids, _ in batches:
-                model.hidden(ids)
-            plain.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            probe(batches)
-            hooked.append(time.perf_counter() - started)
-    ratio = statistics.median(hooked) / statistics.median(plain)
+        t = interleaved({"plain": lambda: [model.hidden(ids) for ids, _ in batches], "probe": lambda: probe(batches)},
+                        repeats, torch.device("cpu"))
+    ratio = t["probe"] / t["plain"]
     rows = [(f"angle probe pass / plain forward ({model_name}, {2 * batch}x{seq_len} tokens, median of {repeats})",
              f"{ratio:.3f} (target <= 1.15)")]
     mem = []
@@ -319,11 +311,11 @@ def main(argv: list[str] | None = None) -> None:
     if "norms" in sections:
         rows += bench_norms(device, args.rows, 10 * args.repeats)
     if "step" in sections:
-        rows += bench_step(device, 2 * args.repeats)
+        rows += bench_step(device, 4 * args.repeats)
     if "prepare" in sections:
         rows += bench_prepare(args.scale)
     if "angles" in sections:
-        rows += bench_angles(args.model, args.seq_len, 4, args.repeats)
+        rows += bench_angles(args.model, args.seq_len, 4, 3 * args.repeats)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     header = (f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
               f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n")
