@@ -26,6 +26,7 @@ from train.paths import PROJECT_ROOT
 
 SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
 
+
 def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
     """Median seconds of each function over `repeats` rounds, each round calling every function once, in an order
     shuffled from round to round (a function that runs right after a costly one runs slower: no one neighbour)."""
@@ -74,6 +75,19 @@ def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
     return results
 
 
+def plain_step(module, optimizer, batch, clip: float, device_type: str = "cpu") -> None:
+    """One optimizer step in plain PyTorch: forward (in bf16 autocast on a GPU), backward, clipping, update."""
+    import torch
+
+    with torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda"):
+        loss = module.loss(batch)
+    loss.backward()
+    # the optimizer's parameter order, as Lightning clips: the same norm to the last bit
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
@@ -104,15 +118,7 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
         ids = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.block_size + 1), device=device,
                             generator=torch.Generator(device).manual_seed(0))
 
-        def step(module=module, optimizer=optimizer, ids=ids):
-            with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-                loss = module.loss((ids[:, :-1], ids[:, 1:]))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        steps[norm] = step
+        steps[norm] = lambda m=module, o=optimizer, ids=ids: plain_step(m, o, (ids[:, :-1], ids[:, 1:]), 1.0, device.type)
     t = interleaved(steps, repeats, device)
     tokens = batch * modules["layernorm"].model.config.block_size
     name = f"{shape[0][6:]}{'' if device.type == 'cuda' else ' (2 layers)'}, {batch}x{tokens // batch} tokens"
@@ -145,7 +151,6 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
             self.batches = iter(datamodule.train_dataloader())
             optimizers = self.module.configure_optimizers()
             self.optimizer, self.schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
-            self.params = [p for group in self.optimizer.param_groups for p in group["params"]]  # as Lightning clips
             self.clip = cfg.trainer.gradient_clip_val
             self.framework, self.plain, self.same_batches, self.plain_end = [], [], True, None
 
@@ -154,12 +159,8 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
             if self.plain_end is not None:
                 self.framework.append(started - self.plain_end)
             batch = next(self.batches)
-            loss = self.module.loss(batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-            self.optimizer.step()
+            plain_step(self.module, self.optimizer, batch, self.clip)
             self.schedule.step()
-            self.optimizer.zero_grad(set_to_none=True)
             self.plain_end = time.perf_counter()
             self.plain.append(self.plain_end - started)
             self.same_batches &= all(torch.equal(a, b) for a, b in zip(batch, framework_batch))
