@@ -1,59 +1,20 @@
-"""Callbacks: checkpoints on the paper's step schedule, and token throughput."""
+"""Callbacks: token throughput and MFU, the angle study during training, preemption signals, the non-finite guard.
+(Checkpoints, and everything else that touches the run directory, are train/run_dir.py's.)"""
 
 import os
 import signal
 import subprocess
+import sys
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.loggers import WandbLogger
 
-from train.angles import append_csv, measure, norm_sites
+from train.angles import CSV_COLUMNS, measure, norm_sites, stat_rows
 from train.data import load_probe
-from train.errors import ConfigError, NonFiniteError
-
-
-def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every: int, extra=()) -> list[int]:
-    """Step 0, every `every` steps up to `dense_until`, then every `sparse_every` steps up to max_steps
-    (the paper: 1K..10K every 1K, then every 10K), plus any `extra` steps."""
-    steps = {0, *extra, *range(every, min(dense_until, max_steps) + 1, every)}
-    steps.update(range(sparse_every * (dense_until // sparse_every + 1), max_steps + 1, sparse_every))
-    return sorted(s for s in steps if 0 <= s <= max_steps)
-
-
-class ScheduledCheckpoints(Checkpoint):
-    """Saves `dirpath/step-NNNNNNN.ckpt` at the optimizer steps of checkpoint_steps(); step 0 holds the initial
-    weights, before any update. Like last.ckpt, a checkpoint is written at the end of the validation of its step,
-    when every metric of the step is on disk: a run resumed from it neither repeats nor loses a logged row. So
-    every checkpoint step, and the last step, must be a validation step."""
-
-    def __init__(self, dirpath: str, every: int, dense_until: int, sparse_every: int, max_steps: int,
-                 val_check_interval: int, extra_steps=()):
-        self.dirpath = Path(dirpath)
-        self.steps = set(checkpoint_steps(max_steps, every, dense_until, sparse_every, extra_steps))
-        off = sorted(s for s in self.steps | {max_steps} if s % val_check_interval)
-        if off:
-            raise ConfigError(f"checkpoint step {off[0]} is not a validation step (trainer.val_check_interval="
-                              f"{val_check_interval}): make trainer.max_steps and the callbacks.scheduled_checkpoints "
-                              "steps multiples of it")
-
-    def path(self, step: int) -> Path:
-        return self.dirpath / f"step-{step:07d}.ckpt"
-
-    def _save(self, trainer) -> None:
-        step = trainer.global_step
-        if step in self.steps and not self.path(step).exists():
-            trainer.save_checkpoint(self.path(step))
-
-    def on_train_start(self, trainer, pl_module):
-        self._save(trainer)
-
-    def on_validation_end(self, trainer, pl_module):
-        if not trainer.sanity_checking:
-            self._save(trainer)
+from train.errors import ConfigError, Interrupted, NonFiniteError, install_signal_handlers, received
+from train.run_dir import RunDirError, RunDirectory, checkpoint_steps, verify, warn
 
 
 # Dense bf16 tensor-core peak FLOP/s per GPU, from the vendors' data sheets; the first name found in the
@@ -108,30 +69,68 @@ class TokenThroughput(L.Callback):
 
 class AngleCallback(L.Callback):
     """The angle study during training: at step 0 and at every checkpoint step, runs the probe set through
-    the model (eval mode, no grad, windows split across DDP ranks and the statistics merged), appends the
-    per-layer statistics to <run_dir>/angles.csv and logs them to wandb (scalars and a table). The probe set is
-    loaded (and checked) when the callback is built, before the run writes anything."""
+    the model (eval mode, no grad, windows split across DDP ranks and the statistics merged), puts the per-layer
+    statistics into <run_dir>/angles.csv (through the run directory) and logs them to wandb (scalars and a table).
+    When a run starts or resumes, the rows of earlier checkpoint steps that angles.csv lacks (lost with a damaged
+    file) are measured again from the scheduled checkpoints. The probe set is loaded (and checked) when the
+    callback is built, before the run writes anything."""
 
-    def __init__(self, csv_path: str, probe_dir: str, probe_split: str, probe_tokens: int | None, seq_len: int,
-                 vocab_size: int, batch_size: int, every: int, dense_until: int, sparse_every: int, extra_steps=()):
-        self.csv_path, self.batch_size = Path(csv_path), batch_size
+    def __init__(self, probe_dir: str, probe_split: str, probe_tokens: int | None, seq_len: int, vocab_size: int,
+                 batch_size: int, every: int, dense_until: int, sparse_every: int, extra_steps=()):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"probe.batch_size={batch_size}: give a positive number of sequences")
+        self.batch_size = batch_size
         self.schedule = dict(every=every, dense_until=dense_until, sparse_every=sparse_every, extra=tuple(extra_steps))
         self.steps: set[int] = set()
         self.windows = load_probe(probe_dir, probe_split, probe_tokens, seq_len, vocab_size)
+        self.run: RunDirectory | None = None
 
     def setup(self, trainer, pl_module, stage):
         self.steps = set(checkpoint_steps(trainer.max_steps, **self.schedule))
+        self.run = RunDirectory.of(trainer)
+        if self.run is None:
+            raise ConfigError("callbacks.angles writes angles.csv through the run directory: keep "
+                              "callbacks.scheduled_checkpoints")
 
     def on_train_start(self, trainer, pl_module):
-        # step 0; or a run resumed from a scheduled checkpoint, whose angles a kill may have cut off
-        if trainer.global_step in self.steps:
-            self._probe(trainer, pl_module)
+        """Measure the checkpoint steps up to this one that angles.csv lacks: step 0 of a fresh run, the current
+        step of a run resumed from a scheduled checkpoint, rows lost with a damaged angles.csv."""
+        missing = None
+        if trainer.is_global_zero:
+            rows_per_step = len(stat_rows(norm_sites(pl_module.model, "normlab")))
+            have = self.run.angle_rows_per_step()
+            missing = [s for s in sorted(self.steps) if s <= trainer.global_step and have.get(s) != rows_per_step]
+        for step in trainer.strategy.broadcast(missing):
+            if step == trainer.global_step:
+                self._probe(trainer, pl_module, step)
+            else:
+                self._probe_checkpoint(trainer, pl_module, step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step in self.steps and (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
-            self._probe(trainer, pl_module)
+            self._probe(trainer, pl_module, trainer.global_step)
 
-    def _probe(self, trainer, pl_module) -> None:
+    def _probe_checkpoint(self, trainer, pl_module, step: int) -> None:
+        """Probe the weights of the scheduled checkpoint of `step` (verified), then put the model's own back."""
+        path, problem = self.run.scheduled_path(step), None
+        if trainer.is_global_zero:
+            try:
+                verify(path)
+            except RunDirError as e:
+                problem = str(e)
+        problem = trainer.strategy.broadcast(problem)
+        if problem:
+            if trainer.is_global_zero:
+                warn(f"angles.csv lacks step {step}, which cannot be measured again: {problem}")
+            return
+        own = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
+        pl_module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+        self._probe(trainer, pl_module, step, log=False)
+        pl_module.load_state_dict(own)
+        if trainer.is_global_zero:
+            print(f"angles.csv: measured step {step} again from {path.name}", file=sys.stderr)
+
+    def _probe(self, trainer, pl_module, step: int, log: bool = True) -> None:
         model = pl_module.model
         mine = self.windows[trainer.global_rank :: trainer.world_size]  # every window on exactly one rank
         batches = [(b.to(pl_module.device), None) for b in mine.split(self.batch_size)]
@@ -142,9 +141,10 @@ class AngleCallback(L.Callback):
                             pl_module.device)
         model.train(was_training)
         if trainer.is_global_zero:
-            records = stats.records(trainer.global_step)
-            append_csv(self.csv_path, records)
-            self._log_wandb(trainer, records)
+            records = stats.records(step)
+            self.run.write_angles(records, list(CSV_COLUMNS))
+            if log:
+                self._log_wandb(trainer, records)
 
     @staticmethod
     def _log_wandb(trainer, records: list[dict]) -> None:
@@ -158,56 +158,60 @@ class AngleCallback(L.Callback):
                                  step=trainer.global_step)
 
 
-class SlurmRequeue(L.Callback):
-    """Slurm preemption and time limits for jobs started with sbatch (`#SBATCH --signal=SIGUSR1@90`): on
-    SIGUSR1 the run finishes its optimizer step, saves `checkpoint` and requeues the job (scontrol requeue),
-    which resumes from it in the same run directory. Lightning's own handler saves at once, in the middle of
-    a step, and then resumes with a logging step one ahead; it is turned off in favour of this one. Under
-    Hydra's submitit launcher, submitit handles requeueing and this callback does nothing."""
+def requeues_itself() -> bool:
+    """Under sbatch the run requeues its own job on SIGUSR1; under Hydra's submitit launcher submitit does."""
+    return "SLURM_JOB_ID" in os.environ and os.environ.get("SUBMITIT_EXECUTOR") != "slurm"
 
-    def __init__(self, checkpoint: str):
-        self.checkpoint = checkpoint
-        self.requested = False
-        self.active = "SLURM_JOB_ID" in os.environ and os.environ.get("SUBMITIT_EXECUTOR") != "slurm"
+
+class Preemption(L.Callback):
+    """On SIGTERM or SIGUSR1 (to any rank) the run finishes its optimizer step, and the validation that follows it
+    if one does, then saves last.ckpt, requeues its Slurm job on SIGUSR1 under sbatch (scontrol requeue; the job
+    resumes from it), and stops with exit code 128 + the signal's number (143, 138). It stops when the next step
+    would begin, once every row of the finished step is logged; a signal in the last step lets the run finish (a
+    sweep then stops before its next job)."""
 
     def on_train_start(self, trainer, pl_module):
-        if self.active:
-            signal.signal(signal.SIGUSR1, self._request)
+        install_signal_handlers()
 
-    def _request(self, signum, frame):
-        self.requested = True
+    def signal_received(self, trainer) -> int:
+        """The stop signal any rank has received (SIGTERM before SIGUSR1), or 0."""
+        mine = max(received, default=0)
+        if trainer.world_size == 1:
+            return mine
+        return int(trainer.strategy.reduce(torch.tensor(mine, device=trainer.strategy.root_device), reduce_op="max"))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not self.active or (batch_idx + 1) % trainer.accumulate_grad_batches:
-            return
-        if trainer.strategy.reduce_boolean_decision(self.requested, all=False):  # any rank was signalled
-            trainer.save_checkpoint(self.checkpoint)
-            trainer.should_stop = True
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx % trainer.accumulate_grad_batches or not (signum := self.signal_received(trainer)):
+            return  # mid-accumulation, or no signal
+        run = RunDirectory.of(trainer)
+        saved = run.last_saved if run.last_saved_step == trainer.global_step else run.save_last(trainer)
+        what = f"{signal.Signals(signum).name}: saved {saved} at step {trainer.global_step}"
+        if signum == signal.SIGUSR1 and requeues_itself():
+            job = os.environ["SLURM_JOB_ID"]
             if trainer.is_global_zero:
-                print(f"SIGUSR1: saved {self.checkpoint} at step {trainer.global_step}; requeueing job {os.environ['SLURM_JOB_ID']}")
-                subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
+                print(f"{what}; requeueing job {job}", flush=True)
+                subprocess.run(["scontrol", "requeue", job], check=False)
+            raise Interrupted(f"{what}; requeued Slurm job {job}, which resumes from it", signum)
+        raise Interrupted(f"{what}; run the same command to resume from it", signum)
 
 
 class NonFiniteGuard(L.Callback):
     """Stops the run at the first optimizer step whose loss or gradients are not finite, before the update is
-    applied: writes `<dirpath>/nonfinite-step-NNNNNNN.ckpt` (the state just before that step) for diagnosis,
-    leaves every earlier checkpoint as it was, and ends the run with a one-line error naming the step."""
-
-    def __init__(self, dirpath: str):
-        self.dirpath = Path(dirpath)
+    applied: writes `checkpoints/nonfinite-step-NNNNNNN.ckpt` (the state just before that step) for diagnosis,
+    leaves every earlier checkpoint as it was, and ends the run with a one-line error naming the step and the last
+    checkpoint known to be intact."""
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        losses = torch.stack(pl_module._micro_losses) if pl_module._micro_losses else torch.zeros(1)
+        losses = torch.stack(pl_module.micro_losses) if pl_module.micro_losses else torch.zeros(1)
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         # One multi-tensor norm and one host sync per step: the norm of all gradients is finite iff each is
         finite = bool(torch.isfinite(losses.sum() + torch.nn.utils.get_total_norm(grads)))
         if trainer.strategy.reduce_boolean_decision(not finite, all=False):  # any rank
-            step = trainer.global_step
-            good = sorted((p for p in self.dirpath.glob("*.ckpt") if not p.name.startswith("nonfinite")),
-                          key=lambda p: p.stat().st_mtime)
-            path = self.dirpath / f"nonfinite-step-{step:07d}.ckpt"
-            trainer.save_checkpoint(path)
+            step, run = trainer.global_step, RunDirectory.of(trainer)
+            path = run.dir / f"nonfinite-step-{step:07d}.ckpt"
+            good = run.last_good  # written or verified by this process: never a checkpoint of unknown state
+            run.save(trainer, path, weights_only=False)
             what = "loss" if not bool(torch.isfinite(losses).all()) else "gradient"
             raise NonFiniteError(f"non-finite {what} at optimizer step {step} (loss {losses.mean().item():.4g}); "
-                                 f"diagnostic checkpoint {path}; last good checkpoint {good[-1] if good else 'none'}: "
+                                 f"diagnostic checkpoint {path}; last intact checkpoint {good or 'none'}: "
                                  "lower the learning rate, or resume from an earlier checkpoint")

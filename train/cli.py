@@ -1,39 +1,33 @@
 """Entry points: normlab-train, normlab-prepare, normlab-describe (Hydra apps over conf/).
 
-The data path: conf -> train() -> data module, model, callbacks, loggers -> Lightning Trainer.
+The data path: conf -> fit(cfg) -> data module, model, callbacks, loggers -> Lightning Trainer. Torch and Lightning
+are imported where they are used, so that a bad command line is answered in a second.
 """
 
 import dataclasses
 import errno
+import itertools
 import os
 import sys
 import tempfile
-import time
-import zipfile
 from pathlib import Path
 
 import hydra
-import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.experimental.callback import Callback
 from hydra.errors import InstantiationException
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
-from train import runtime
-from train.checkpoint_io import FsyncCheckpointIO
-from train.errors import ConfigError, NormlabError
-from train.model import GPT, GPTConfig
-from train.module import LanguageModel
+from train.errors import ConfigError, Interrupted, NormlabError, install_signal_handlers, received
 from train.paths import CONF_DIR
 
 
-def fail(message: str):
+def fail(message: str, code: int = 2):
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def check_group_choices(args: list[str]) -> None:
@@ -67,6 +61,8 @@ class WritableOutputDir(Callback):
 
     @staticmethod
     def check(directory: Path) -> None:
+        if not str(directory).strip():
+            fail("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
         existing = next(p for p in [directory, *directory.parents] if p.exists())
         try:
             if not existing.is_dir():
@@ -75,6 +71,27 @@ class WritableOutputDir(Callback):
         except OSError as e:
             fail(f"cannot write the output directory {directory} ({existing}: {e.strerror}): "
                  "give a writable run_dir= (or paths.output_dir=)")
+
+
+def jobs_not_run() -> str:
+    """'; jobs not run: ...' for a -m sweep stopped in its current job: the jobs after it, in the order Hydra's basic
+    sweeper runs them (the product of the swept values, sweeper params first), each by its swept values."""
+    config = HydraConfig.get()
+    if config.mode != RunMode.MULTIRUN:
+        return ""
+    params = [f"{k}={v}" for k, v in (config.sweeper.get("params") or {}).items()]
+    values: dict[str, list[str]] = {}
+    for arg in params + [a for a in sys.argv[1:] if not a.startswith("-")]:
+        try:
+            (override,) = OverridesParser.create().parse_overrides([arg])
+        except Exception:
+            continue
+        key = override.get_key_element()
+        values[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else [None]
+    swept = {k: v for k, v in values.items() if len(v) > 1}
+    jobs = [" ".join(f"{k}={v}" for k, v in zip(swept, job)) for job in itertools.product(*swept.values())]
+    later = jobs[config.job.num + 1:]
+    return f"; jobs not run: {', '.join(later)} (run the same command again: finished runs are skipped)" if later else ""
 
 
 def hydra_app(config_name: str):
@@ -86,9 +103,14 @@ def hydra_app(config_name: str):
             try:
                 return task(cfg)
             except NormlabError as e:
-                fail(str(e))
+                from train.run_dir import global_rank_from_environment
+
+                if isinstance(e, Interrupted) and global_rank_from_environment():
+                    sys.exit(e.exit_code)  # rank 0 says it
+                fail(f"{e}{jobs_not_run()}", e.exit_code)
 
         def main():
+            install_signal_handlers()
             check_group_choices(sys.argv[1:])
             run()
 
@@ -106,11 +128,13 @@ def build(config: DictConfig):
     except InstantiationException as e:
         if isinstance(e.__cause__, NormlabError):
             raise e.__cause__ from None
-        raise
+        raise ConfigError(f"cannot build {config.get('_target_')}: {str(e.__cause__ or e).splitlines()[0]}") from None
 
 
-def build_model(cfg: DictConfig) -> GPT:
+def build_model(cfg: DictConfig):
     """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised)."""
+    from train.model import GPT, GPTConfig
+
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     model = GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k in fields}), norm=instantiate(cfg.norm.layer))
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
@@ -136,7 +160,9 @@ def gradient_accumulation(cfg: DictConfig) -> int:
     return accumulate
 
 
-def build_module(cfg: DictConfig) -> LanguageModel:
+def build_module(cfg: DictConfig):
+    from train.module import LanguageModel
+
     model = build_model(cfg)
     model.init_weights(cfg.seed)
     if cfg.runtime.compile:
@@ -151,110 +177,78 @@ def build_module(cfg: DictConfig) -> LanguageModel:
         warmup_steps=max(1, round(cfg.schedule.warmup_fraction * max_steps)),
         max_steps=max_steps,
         min_lr_ratio=cfg.schedule.min_lr_ratio,
-        seed=cfg.seed,
-        config={k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "logger"},
+        seed=cfg.seed,  # the run's config (but the loggers', which name the run) rides in every checkpoint
+        config=OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "logger"]), resolve=True),
     )
 
 
-def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int) -> L.Trainer:
+def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from train.run_dir import RunDirectory
+
     loggers = [instantiate(c) for c in cfg.logger.values()]
-    # One preemption mechanism per launch path: under sbatch, the SlurmRequeue callback (SIGUSR1); under Hydra's
+    run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
+    # One preemption mechanism per launch path: under sbatch, the Preemption callback (SIGUSR1); under Hydra's
     # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
-    plugins = [FsyncCheckpointIO(), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
+    plugins = [*([run.io] if run else []), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins,
                        val_check_interval=cfg.trainer.val_check_interval * accumulate)  # Lightning counts micro-batches
 
 
-def resume_checkpoint(run_dir: Path) -> str | None:
-    """The newest complete checkpoint of the run: last.ckpt, else the newest scheduled one after step 0. A checkpoint whose
-    zip archive is unreadable (a save cut short) is skipped with a warning in favour of the previous one; the
-    temporary file of a save that was killed is removed."""
-    for partial in (run_dir / "checkpoints").glob(".*.ckpt.tmp"):
-        print(f"warning: removing {partial}, left by a save that was cut short", file=sys.stderr)
-        partial.unlink(missing_ok=True)  # every DDP rank looks
-    for path in sorted((run_dir / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime, reverse=True):
-        if path.name.startswith("nonfinite") or path.name == "step-0000000.ckpt":  # step 0: a fresh start is the same
-            continue
-        try:
-            zipfile.ZipFile(path).close()  # torch checkpoints are zip archives: a truncated one fails here
-            return str(path)
-        except (zipfile.BadZipFile, OSError):
-            print(f"warning: {path} is unreadable (a save cut short?): skipped", file=sys.stderr)
-    return None
+def fit(cfg: DictConfig, extra_callbacks=()):
+    """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule: what
+    normlab-train does, as a plain function (the benchmark calls it too)."""
+    import lightning as L
 
+    from train import runtime
+    from train.checks import check_train_config
+    from train.run_dir import RunDirectory
 
-def flat(config, prefix: str = "") -> dict:
-    items = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            items.update(flat(value, f"{prefix}{key}."))
-        else:
-            items[f"{prefix}{key}"] = value
-    return items
-
-
-def check_run_dir(cfg: DictConfig, run_dir: Path) -> None:
-    """Refuse a run directory holding checkpoints of another config, unless restart=true (see move_aside)."""
-    if cfg.restart or not any((run_dir / "checkpoints").glob("*.ckpt")):
-        return
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        raise ConfigError(f"{run_dir} holds checkpoints but no config.yaml to check them against: give another "
-                          "run_dir, or restart=true to move that run aside and start over")
-    # what only names or locates things may change; everything that shapes the training may not
-    ignored = ("logger.", "restart", "paths.", "experiment_name", "run_name", "data.dir", "probe.dir", "callbacks.angles.probe_dir")
-    old, new = (flat(OmegaConf.to_container(c, resolve=True)) for c in (OmegaConf.load(saved), cfg))
-    # a run directory that was moved keeps its identity: paths inside it follow it
-    old = {k: v.replace(old["run_dir"], new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
-    changed = [k for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))  # callbacks
-               if not k.startswith(ignored) and old.get(k) != new.get(k)]  # last: mostly copies of trainer settings
-    if changed:
-        shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (" ..." if len(changed) > 3 else "")
-        raise ConfigError(f"{run_dir} holds checkpoints of another config ({shown}): give another run_dir, "
-                          "or restart=true to move that run aside and start over")
-
-
-def move_aside(run_dir: Path) -> None:
-    """restart=true: move an earlier run to <run_dir>.replaced-<time> (nothing is deleted); the new run gets a
-    new wandb id (paths.run_id)."""
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        aside = run_dir.with_name(f"{run_dir.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-        run_dir.rename(aside)
-        print(f"restart=true: moved the earlier run to {aside}", file=sys.stderr)
-
-
-@hydra_app("train")
-def train(cfg: DictConfig) -> None:
-    """Train one model; resumes from the newest complete checkpoint of its run directory when there is one."""
     run_dir = Path(cfg.run_dir)
     try:
+        if received:  # a stop signal before this run (of a sweep) started
+            raise Interrupted("stopped by a signal before this run started", received[0])
+        check_train_config(cfg)
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         accumulate = gradient_accumulation(cfg)
         module = build_module(cfg)
         datamodule = build(cfg.data)
         datamodule.verify()
+        devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
+        datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
         callbacks = [build(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
-        check_run_dir(cfg, run_dir)
+        run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
+        if run is None:
+            raise ConfigError("callbacks.scheduled_checkpoints (the run directory: checkpoints, resume) cannot be removed")
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
         raise
-    if cfg.restart:
-        move_aside(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    OmegaConf.save(OmegaConf.create(list(HydraConfig.get().overrides.task)), run_dir / "overrides.yaml")
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    with run.opened(cfg, overrides):
+        if run.resume_step >= cfg.trainer.max_steps:
+            print(f"{run_dir} is finished (step {run.resume_step} of {cfg.trainer.max_steps}): nothing to do")
+            return module
+        trainer = build_trainer(cfg, [*callbacks, *extra_callbacks], accumulate)
+        failed = True
+        try:
+            with attention:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=run.resume_path)
+            failed = False
+        finally:
+            if "wandb" in cfg.logger:
+                import wandb
 
-    trainer = build_trainer(cfg, callbacks, accumulate)
-    try:
-        with attention:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume_checkpoint(run_dir))
-    finally:
-        if "wandb" in cfg.logger:
-            import wandb
+                wandb.finish(exit_code=int(failed))  # one wandb run per Hydra job, also in -m sweeps
+    return module
 
-            wandb.finish()  # one wandb run per Hydra job, also in -m sweeps
+
+@hydra_app("train")
+def train(cfg: DictConfig) -> None:
+    """Train one model; resumes from the newest intact checkpoint of its run directory when there is one."""
+    fit(cfg)
 
 
 @hydra_app("prepare")
@@ -268,6 +262,8 @@ def prepare(cfg: DictConfig) -> None:
 @hydra_app("describe")
 def describe(cfg: DictConfig) -> None:
     """Parameter counts and training FLOPs per token of `model=` with `norm=`, on the meta device."""
+    import torch
+
     with torch.device("meta"):
         model = build_model(cfg)
     c = model.config

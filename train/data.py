@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from tqdm import tqdm
 
 from train import tokenizer
-from train.errors import DataError
+from train.errors import ConfigError, DataError
 from train.prepare import META_FILE
 
 SPLITS = ("train", "val")
@@ -43,8 +43,13 @@ def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, 
         raise DataError(f"data '{name}' is not prepared ({meta_path} is missing): {hint}")
     try:
         meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
+    except OSError as e:
+        raise DataError(f"cannot read {meta_path} ({e.strerror}): check its permissions") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise DataError(f"{meta_path} is not valid JSON: {hint} again") from None
+    malformed = check_meta(meta)
+    if malformed:
+        raise DataError(f"{meta_path} is malformed ({malformed}): {hint} again")
     if source is not None and meta.get("source") != source:
         raise DataError(f"{dir} was prepared from another source than conf/data/{name}.yaml: {hint} again")
     tok = meta["tokenizer"]
@@ -60,18 +65,40 @@ def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, 
         if path.stat().st_size != 2 * info["tokens"]:
             raise DataError(f"{path} holds {path.stat().st_size // 2} tokens, its metadata says {info['tokens']}: "
                             f"the file is truncated or replaced, {hint} again")
-        largest, where = scan(path)
+        try:
+            largest, where = scan(path)
+            if checksums and tokenizer.sha256_file(path) != info["sha256"]:
+                raise DataError(f"{path} does not match the sha256 in {meta_path}: the file is corrupt, {hint} again")
+        except OSError as e:
+            raise DataError(f"cannot read {path} ({e.strerror}): check its permissions") from None
         if largest >= vocab_size:
             raise DataError(f"{path} holds token {largest} at position {where}, outside the vocabulary of {vocab_size}: "
                             f"the file is corrupt, {hint} again")
-        if checksums and tokenizer.sha256_file(path) != info["sha256"]:
-            raise DataError(f"{path} does not match the sha256 in {meta_path}: the file is corrupt, {hint} again")
     return meta
+
+
+def check_meta(meta) -> str | None:
+    """What is missing from a meta.json (as written by train/prepare.py), or None."""
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    for key, kind in (("tokenizer", dict), ("splits", dict)):
+        if not isinstance(meta.get(key), kind):
+            return f"no '{key}' object"
+    missing = [k for k in ("name", "vocab_size", "ranks_sha256") if k not in meta["tokenizer"]]
+    if missing:
+        return f"tokenizer without {', '.join(missing)}"
+    for split, info in meta["splits"].items():
+        if not isinstance(info, dict) or any(k not in info for k in ("file", "tokens")):
+            return f"split '{split}' without file or tokens"
+    return None
 
 
 def load_probe(dir: str, split: str, tokens: int | None, seq_len: int, vocab_size: int = tokenizer.VOCAB_SIZE) -> torch.Tensor:
     """The probe set: the first `tokens` tokens (None: all) of a prepared split, as [windows, seq_len]."""
     dir = Path(dir)
+    if tokens is not None and (not isinstance(tokens, int) or tokens < seq_len):
+        raise ConfigError(f"probe.tokens={tokens} is less than one sequence of the model's context ({seq_len} "
+                          "tokens): give at least that many, or null for the whole probe set")
     meta = verify_prepared(dir, dir.name, None, vocab_size, (split,), checksums=False)
     available = meta["splits"][split]["tokens"] // seq_len * seq_len
     if tokens is not None and tokens > available:
@@ -137,14 +164,15 @@ class ShuffledWindows(Sampler[int]):
 
 class ResumableLoader(DataLoader):
     """A DataLoader whose position in the epoch goes into Lightning checkpoints (Lightning saves and restores
-    the state of any loader with state_dict/load_state_dict), for exact mid-epoch resume. The position is
-    the number of micro-batches Lightning has completed in this epoch: a checkpoint taken in the middle of a
-    step (Lightning's Slurm handler saves at once on SIGUSR1) then resumes with that step's batch."""
+    the state of any loader with state_dict/load_state_dict), for exact mid-epoch resume. Checkpoints are taken
+    between optimizer steps (train/run_dir.py), so the position is the micro-batches of the optimizer steps done:
+    `steps_done()` x accumulation, less those of the epochs before."""
 
-    completed = staticmethod(lambda: 0)  # set by the data module: batches completed in this epoch
+    steps_done = staticmethod(lambda: 0)  # set by the data module: the trainer's global step
+    accumulate = 1
 
     def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "consumed": self.completed()}
+        return {"epoch": self.sampler.epoch, "consumed": self.steps_done() * self.accumulate - self.sampler.epoch * len(self)}
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.epoch, self.sampler.consumed = state["epoch"], state["consumed"]
@@ -154,6 +182,11 @@ class TokenDataModule(L.LightningDataModule):
     def __init__(self, name: str, dir: str, seq_len: int, vocab_size: int, batch_size: int, val_tokens: int,
                  seed: int, source: dict, verify_checksums: bool = False, num_workers: int = 0):
         super().__init__()
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"data.batch_size={batch_size}: give a positive number of sequences per device")
+        if val_tokens is not None and (not isinstance(val_tokens, int) or val_tokens < seq_len):
+            raise ConfigError(f"data.val_tokens={val_tokens}: validation needs at least one sequence of {seq_len} "
+                              "tokens (and checkpoints follow validations); give more, or null for the whole split")
         self.name, self.dir, self.seq_len, self.vocab_size = name, Path(dir), seq_len, vocab_size
         self.batch_size, self.val_tokens, self.seed, self.source = batch_size, val_tokens, seed, source
         self.verify_checksums, self.num_workers = verify_checksums, num_workers
@@ -172,6 +205,14 @@ class TokenDataModule(L.LightningDataModule):
                             f"{available} tokens in windows of {self.seq_len}: lower it, or set data.val_tokens=null for all")
         return self.meta
 
+    def check_global_batch(self, windows_per_step: int) -> None:
+        """Refuse an optimizer step larger than the training split (Lightning would train on nothing)."""
+        windows = (self.meta["splits"]["train"]["tokens"] - 1) // self.seq_len
+        if windows < windows_per_step:
+            raise ConfigError(f"an optimizer step takes {windows_per_step} sequences of {self.seq_len} tokens, but "
+                              f"the training split of '{self.name}' holds {windows}: lower data.batch_size (or "
+                              "global_batch_size, trainer.devices), or train on more data")
+
     def setup(self, stage: str) -> None:
         if self.meta is None:
             self.verify()
@@ -187,7 +228,7 @@ class TokenDataModule(L.LightningDataModule):
                                  num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
                                  generator=self.own_generator())
         if trainer is not None:
-            loader.completed = lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            loader.steps_done, loader.accumulate = lambda: trainer.global_step, accumulate
         return loader
 
     def val_dataloader(self) -> DataLoader:

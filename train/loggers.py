@@ -1,53 +1,64 @@
-"""A CSV logger that continues the run's metrics.csv (Lightning's deletes it when a run resumes), and the callback
-that keeps it free of duplicates when a run resumes from a checkpoint older than its last logged step."""
+"""metrics.csv: a Lightning logger that appends one row per logging call and continues the file when a run resumes
+(Lightning's CSVLogger deletes it, and rewrites it in place, unprotected, whenever a new column appears)."""
 
 import csv
-import os
+from argparse import Namespace
+from pathlib import Path
 
-import lightning as L
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
 
-from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
-from lightning.pytorch.loggers.logger import rank_zero_experiment
-
-
-class AppendingWriter(ExperimentWriter):
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):  # keep the rows, and the header they were written with
-            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                self.metrics_keys = list(csv.DictReader(f).fieldnames or [])
+from train.run_dir import METRICS_FILE, read_table, write_table
 
 
-class CSVLogger(LightningCSVLogger):
-    """Writes <save_dir>/metrics.csv (and hparams.yaml), appending to what an earlier attempt wrote."""
+class CSVLogger(Logger):
+    """Writes <save_dir>/metrics.csv: a `step` column, then the metrics in alphabetical order. Rows are appended
+    (and flushed) whenever Lightning saves the logger, which is after every logging call; a new column rewrites
+    the file atomically. The run directory drops the rows of an interrupted attempt before a run resumes, and
+    flushes the file to disk before every checkpoint (train/run_dir.py)."""
 
-    def __init__(self, save_dir: str, **kwargs):
-        super().__init__(save_dir, name="", version="", **kwargs)
+    def __init__(self, save_dir: str):
+        super().__init__()
+        self.path = Path(save_dir) / METRICS_FILE
+        self.pending: list[dict] = []
+        self.columns: list[str] | None = None
 
     @property
-    @rank_zero_experiment
-    def experiment(self) -> AppendingWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.log_dir, exist_ok=True)
-            self._experiment = AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
+    def name(self) -> str:
+        return "csv"
 
+    @property
+    def version(self) -> str:
+        return ""
 
-class ResumeMetrics(L.Callback):
-    """When a run starts or resumes, drops from metrics.csv the rows of the steps it is about to log: what an
-    attempt killed after its last checkpoint had logged (checkpoints are written once every row of their step is
-    on disk, so the rows before the checkpoint's step are complete)."""
+    @property
+    def save_dir(self) -> str:
+        return str(self.path.parent)
 
-    def on_train_start(self, trainer, pl_module):
-        if not trainer.is_global_zero:
+    @rank_zero_only
+    def log_hyperparams(self, params: dict | Namespace) -> None:
+        pass  # config.yaml holds them
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.pending.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
+
+    @rank_zero_only
+    def save(self) -> None:
+        if not self.pending:
             return
-        for logger in trainer.loggers:
-            if isinstance(logger, CSVLogger) and os.path.isfile(path := logger.experiment.metrics_file_path):
-                with open(path, newline="") as f:
-                    reader = csv.DictReader(f)
-                    kept = [row for row in reader if int(row["step"]) < trainer.global_step]
-                with open(f"{path}.tmp", "w", newline="") as f:
-                    writer = csv.DictWriter(f, fieldnames=reader.fieldnames)
-                    writer.writeheader()
-                    writer.writerows(kept)
-                os.replace(f"{path}.tmp", path)
+        if self.columns is None:
+            self.columns = read_table(self.path)[0] or ["step"]
+        new = sorted({k for row in self.pending for k in row} - set(self.columns))
+        if new:
+            self.columns = ["step", *sorted(set(self.columns) - {"step"} | set(new))]
+            _, rows, _ = read_table(self.path)
+            write_table(self.path, self.columns, rows + self.pending)
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns, lineterminator="\n").writerows(self.pending)
+        self.pending = []
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        self.save()

@@ -1,25 +1,85 @@
-"""Where the project keeps its data, configs and run outputs (all relative to the checkout)."""
+"""Where the project keeps its data, configs and run outputs (all relative to the checkout), and how a run's
+directory is named: ${model}-${norm}-seed${seed}, plus a tag of every other command-line setting that shapes
+the run, so that the jobs of any `-m` sweep get directories (and wandb runs) of their own."""
 
 import hashlib
+import re
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = PROJECT_ROOT / "conf"
 DATA_DIR = PROJECT_ROOT / "data"
 DOWNLOADS_DIR = DATA_DIR / "downloads"  # source archives fetched from the package registry
+RUN_ID_FILE = "run_id"  # in a run directory: its wandb run id (train/run_dir.py writes it)
 
-# Lets the configs say ${project_root:} so paths do not depend on the directory a job starts in.
+# Settings (and everything below them) that only name, place, log or speed up a run, or say where it runs: they
+# change neither what it computes (beyond float rounding) nor what it records, so they stay out of its name and may
+# change when it resumes. (The devices may change because the global batch is checked itself: run_dir.py.)
+NOT_IDENTITY = ("experiment", "experiment_name", "run_name", "run_dir", "restart", "paths", "logger", "runtime",
+                "hydra", "activation_checkpointing", "trainer.devices", "trainer.num_nodes", "trainer.accelerator",
+                "trainer.strategy", "data.dir", "data.num_workers", "data.verify_checksums", "probe.dir",
+                "callbacks.angles.probe_dir", "callbacks.throughput")
+IN_THE_NAME = ("model", "norm", "seed")  # the group choices and the seed (model.lr, say, goes into the tag)
+TAG_LENGTH = 60  # longer tags keep their first characters and a hash of the whole
+
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
 
-def run_id(run_dir: str) -> str:
-    """The id of the run in `run_dir` (the wandb run id): the same across resumes and requeues, a new one once
-    restart=true has moved the earlier run aside to <run_dir>.replaced-<time>."""
-    path = Path(run_dir)
-    generation = len(list(path.parent.glob(f"{path.name}.replaced-*"))) if path.parent.is_dir() else 0
-    return hashlib.sha1(f"{run_dir}#{generation}".encode()).hexdigest()[:16]
+def identifies_the_run(key: str) -> bool:
+    """Whether the config key (dotted, or a config group such as hydra/launcher) shapes what the run computes or
+    records: not one of NOT_IDENTITY, nor below one of them."""
+    return not any(key == k or key.startswith((f"{k}.", f"{k}/")) for k in NOT_IDENTITY)
 
 
+def run_tag(*, _root_: DictConfig) -> str:
+    """`-key=value,...` of the command-line overrides that shape the run (sorted; numbers written canonically,
+    1e-3 and 0.001 alike), or '' when there are none. Characters unsafe in a file name become '_'; a tag longer
+    than TAG_LENGTH keeps its start and gets an 8-character hash of the whole."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if "hydra" in _root_:  # composed with the Hydra config (tests)
+        overrides = list(_root_.hydra.overrides.task)
+    elif HydraConfig.initialized():  # inside a Hydra app
+        overrides = list(HydraConfig.get().overrides.task)
+    else:
+        return ""
+    items = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if key in IN_THE_NAME or not identifies_the_run(key):
+            continue
+        if override.is_delete():
+            items.append(f"~{key}")
+        else:
+            items.append(f"{'+' if override.is_add() else ''}{key}={canonical(override.value())}")
+    tag = ",".join(sorted(items, key=lambda item: item.lstrip("+~")))
+    if not tag:
+        return ""
+    safe = re.sub(r"[^A-Za-z0-9._=,+~-]", "_", tag)
+    if len(safe) <= TAG_LENGTH and safe == tag:
+        return f"-{tag}"
+    return f"-{safe[:TAG_LENGTH - 9]}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
+
+
+def canonical(value) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(canonical(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{canonical(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def run_id(run_dir: str) -> str | None:
+    """The wandb run id of the run in `run_dir`: drawn at random when the run starts fresh, kept in the run
+    directory, the same whenever it resumes (None before the run has started)."""
+    path = Path(run_dir) / RUN_ID_FILE
+    return path.read_text().strip() if path.is_file() else None
+
+
+OmegaConf.register_new_resolver("run_tag", run_tag, replace=True)
 OmegaConf.register_new_resolver("run_id", run_id, replace=True)
