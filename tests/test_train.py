@@ -2,6 +2,7 @@
 
 import csv
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -14,8 +15,13 @@ from train.errors import NonFiniteError
 from train.cli import build, build_module, build_trainer
 from train.angles import read_csv
 from train.module import lr_factor
+from train.run_dir import verify
 
 NORMS = ("layernorm", "rmsnorm")
+
+
+# The run directories' tag: the FAST_TRAIN overrides (last key parts, sorted by key), cut short, and a hash of them all
+TAG = "-dense_until=4,every=2,sparse_every=6,batch_size=2,v-b55e9e65"
 
 
 @pytest.fixture(scope="session")
@@ -25,6 +31,10 @@ def sweep(prepared, tmp_path_factory) -> Path:
     result = run_cli("normlab-train", "-m", "norm=layernorm,rmsnorm", "seed=0,1", "experiment_name=t", f"paths.output_dir={out}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "t"
+
+
+def run_of(sweep: Path, norm: str, seed: int = 0) -> Path:
+    return sweep / f"tiny-{norm}-seed{seed}{TAG}"
 
 
 def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
@@ -40,18 +50,42 @@ def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_run_directory_holds_resolved_config_metrics_and_scheduled_checkpoints(sweep, norm):
-    run = sweep / f"tiny-{norm}-seed0"
+    run = run_of(sweep, norm)
     config = OmegaConf.load(run / "config.yaml")
     assert config.norm.name == norm and config.run_dir == str(run)
     assert "${" not in (run / "config.yaml").read_text()  # resolved
-    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert ckpts == ["last.ckpt", "step-0000000.ckpt", "step-0000002.ckpt", "step-0000004.ckpt", "step-0000006.ckpt"]
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    ckpts = sorted(p.name for p in (run / "checkpoints").glob("*.ckpt"))
+    assert ckpts == ["last.ckpt", "previous.ckpt", "step-0000000.ckpt", "step-0000002.ckpt", "step-0000004.ckpt",
+                     "step-0000006.ckpt"]
+    for name in ckpts:  # each with its digest
+        record = verify(run / "checkpoints" / name)
+        assert torch.load(run / "checkpoints" / name, weights_only=False)["global_step"] == record.step
+    assert verify(run / "checkpoints" / "last.ckpt").step == 6 and verify(run / "checkpoints" / "previous.ckpt").step == 4
+    assert re.fullmatch(r"[0-9a-f]{16}\n", (run / "run_id").read_text())  # its wandb id, drawn at random
+
+
+def test_scheduled_checkpoints_hold_weights_and_last_the_full_state(sweep):
+    """Scheduled checkpoints are 4 bytes per parameter (float32 weights), last.ckpt 12 (weights and AdamW's two
+    moments): the sizes the README's table gives for the paper runs."""
+    run = run_of(sweep, "layernorm")
+    params = 6_541_184  # the tiny model with 2 layers, LayerNorm
+    weights = torch.load(run / "checkpoints" / "step-0000004.ckpt", weights_only=False)
+    full = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert "optimizer_states" not in weights and {"state_dict", "hyper_parameters", "global_step"} <= weights.keys()
+    assert len(full["optimizer_states"][0]["state"]) == len(list(full["state_dict"]))
+    assert 4 * params < (run / "checkpoints" / "step-0000004.ckpt").stat().st_size < 4 * params * 1.01
+    assert 12 * params < (run / "checkpoints" / "last.ckpt").stat().st_size < 12 * params * 1.01
+
+
+def test_every_job_of_a_sweep_has_its_own_directory_and_wandb_id(sweep):
+    runs = sorted(p for p in sweep.iterdir() if (p / "metrics.csv").is_file())
+    assert [p.name for p in runs] == [f"tiny-{n}-seed{s}{TAG}" for n in NORMS for s in (0, 1)]
+    assert len({(p / "run_id").read_text() for p in runs}) == 4
 
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_metrics_csv_has_loss_lr_and_tokens_per_second_at_every_step(sweep, norm):
-    run = sweep / f"tiny-{norm}-seed0"
+    run = run_of(sweep, norm)
     metrics = read_metrics(run)
     steps = set(range(6))
     assert set(metrics["train/loss"]) == steps
@@ -65,7 +99,7 @@ def test_metrics_csv_has_loss_lr_and_tokens_per_second_at_every_step(sweep, norm
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_checkpoint(sweep, norm):
-    run = sweep / f"tiny-{norm}-seed0"
+    run = run_of(sweep, norm)
     rows = read_csv(run / "angles.csv")
     assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]  # the checkpoint schedule
     at_0 = [r for r in rows if r["step"] == 0]
@@ -92,7 +126,7 @@ def test_lr_schedule_warms_up_linearly_then_decays_to_ten_percent():
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_step_zero_checkpoint_holds_the_initial_weights(sweep, norm):
-    run = sweep / f"tiny-{norm}-seed0"
+    run = run_of(sweep, norm)
     initial = build_module(OmegaConf.load(run / "config.yaml")).state_dict()
     step0 = torch.load(run / "checkpoints" / "step-0000000.ckpt", weights_only=False)["state_dict"]
     step6 = torch.load(run / "checkpoints" / "step-0000006.ckpt", weights_only=False)["state_dict"]
@@ -102,8 +136,8 @@ def test_step_zero_checkpoint_holds_the_initial_weights(sweep, norm):
 
 
 def test_ln_and_rms_runs_differ_only_in_norm_parameters(sweep):
-    ln = torch.load(sweep / "tiny-layernorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
-    rms = torch.load(sweep / "tiny-rmsnorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    ln = torch.load(run_of(sweep, "layernorm") / "checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    rms = torch.load(run_of(sweep, "rmsnorm") / "checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
     assert rms.keys() <= ln.keys()
     assert all(torch.equal(ln[k], rms[k]) for k in rms)
 
@@ -113,13 +147,17 @@ def snapshot(directory: Path) -> dict:
 
 
 def test_rerunning_the_same_command_resumes_and_a_changed_config_is_refused(sweep, tmp_path):
-    run = Path(shutil.copytree(sweep / "tiny-layernorm-seed0", tmp_path / "run"))  # a moved run keeps its identity
+    run = Path(shutil.copytree(run_of(sweep, "layernorm"), tmp_path / "run"))  # a moved run keeps its identity
+    before = snapshot(run)
     finished = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    assert set(read_metrics(run)["train/loss"]) == set(range(6))  # nothing appended, nothing lost
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert f"{run} is finished (step 6 of 6): nothing to do" in finished.stdout
+    after = snapshot(run)
+    assert OmegaConf.load(run / "config.yaml").run_dir == str(run)  # the config follows the moved directory
+    assert {p: b for p, b in after.items() if not p.name.endswith(".yaml")} == \
+        {p: b for p, b in before.items() if not p.name.endswith(".yaml")}  # nothing else appended, nothing lost
+    before = after
 
-    before = snapshot(run)
     changed = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8")
     assert changed.returncode == 2
     (line,) = changed.stderr.strip().splitlines()
@@ -138,7 +176,9 @@ def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
     result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides,
                      env={"WANDB_MODE": None, "WANDB_API_KEY": None, "WANDB_DIR": None})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb wrote no offline run"
+    (offline,) = (tmp_path / "wandb").glob("offline-run-*")
+    assert offline.name.endswith((tmp_path / "run_id").read_text().strip())  # the run's own id
+    assert OmegaConf.load(tmp_path / "config.yaml").logger.wandb.id == (tmp_path / "run_id").read_text().strip()
     assert (tmp_path / "metrics.csv").is_file()
 
 
@@ -149,17 +189,16 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "tiny layernorm seed 0" in summary and "tiny rmsnorm seed 0" in summary
     assert "| 6,541,184 |" in summary and "| 6,540,864 |" in summary  # LN has (2L+1) d = 5 x 64 more
-    for figure in ("angles_by_layer_tiny.png", "angles_training_tiny-layernorm-seed0.png", "angles_training_tiny-rmsnorm-seed0.png"):
+    for figure in ("angles_by_layer_tiny.png", f"angles_training_tiny-layernorm-seed0{TAG}.png",
+                   f"angles_training_tiny-rmsnorm-seed0{TAG}.png"):
         assert (tmp_path / figure).stat().st_size > 10_000 and f"({figure})" in summary
     assert "angle to 1 before the norms" in summary
     assert "| tiny layernorm | 2 |" in summary and "| tiny rmsnorm | 2 |" in summary  # mean ± std over the 2 seeds
 
 
 def test_sweep_ran_every_norm_and_seed_with_its_own_initialisation(sweep):
-    runs = sorted(p.name for p in sweep.iterdir() if (p / "metrics.csv").is_file())
-    assert runs == [f"tiny-{n}-seed{s}" for n in NORMS for s in (0, 1)]
-    seed0 = torch.load(sweep / "tiny-layernorm-seed0/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
-    seed1 = torch.load(sweep / "tiny-layernorm-seed1/checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    seed0 = torch.load(run_of(sweep, "layernorm") / "checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    seed1 = torch.load(run_of(sweep, "layernorm", 1) / "checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
     assert not torch.equal(seed0["model.wte.weight"], seed1["model.wte.weight"])
 
 
@@ -168,8 +207,8 @@ def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tm
     assert result.returncode == 2
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("normlab-train: error: non-finite loss at optimizer step 1 (loss nan)")
-    assert "last good checkpoint" in last_line and "step-0000000.ckpt" in last_line
-    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert f"last intact checkpoint {tmp_path}/checkpoints/step-0000000.ckpt" in last_line
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
     assert ckpts == ["nonfinite-step-0000001.ckpt", "step-0000000.ckpt"]
     diagnostic = torch.load(tmp_path / "checkpoints" / "nonfinite-step-0000001.ckpt", weights_only=False)
     assert diagnostic["global_step"] == 1
@@ -178,23 +217,24 @@ def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tm
 
 def test_non_finite_gradient_with_a_finite_loss_stops_the_run(prepared, tmp_path):
     cfg = compose_config(overrides=[*FAST_TRAIN, f"run_dir={tmp_path}"])
-    module, datamodule = build_module(cfg), build(cfg.data)
+    module, datamodule, run = build_module(cfg), build(cfg.data), build(cfg.callbacks.scheduled_checkpoints)
     module.model.lm_head.weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([7]), float("inf")))
-    trainer = build_trainer(cfg, [build(cfg.callbacks.nonfinite_guard)], accumulate=1)
-    with pytest.raises(NonFiniteError, match=r"^non-finite gradient at optimizer step 0 \(loss 1"):
+    trainer = build_trainer(cfg, [run, build(cfg.callbacks.nonfinite_guard)], accumulate=1)
+    with run.opened(cfg, []), pytest.raises(NonFiniteError, match=r"^non-finite gradient at optimizer step 0 \(loss 1"):
         trainer.fit(module, datamodule=datamodule)
-    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["nonfinite-step-0000000.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["nonfinite-step-0000000.ckpt",
+                                                                                "step-0000000.ckpt"]
 
 
 def test_a_truncated_last_checkpoint_is_skipped_for_the_previous_one(sweep, tmp_path):
-    run = Path(shutil.copytree(sweep / "tiny-rmsnorm-seed0", tmp_path / "run"))
+    run = Path(shutil.copytree(run_of(sweep, "rmsnorm"), tmp_path / "run"))
     (run / "checkpoints" / "step-0000006.ckpt").unlink()
-    with open(run / "checkpoints" / "last.ckpt", "r+b") as f:  # a save cut short
+    with open(run / "checkpoints" / "last.ckpt", "r+b") as f:  # damaged on disk
         f.truncate(1000)
     result = run_cli("normlab-train", "norm=rmsnorm", f"run_dir={run}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "last.ckpt is unreadable (a save cut short?): skipped" in result.stderr
-    assert "Restored all states from the checkpoint at" in result.stderr + result.stdout
-    assert "step-0000004.ckpt" in result.stderr + result.stdout  # resumed from the newest complete one
-    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    assert "last.ckpt holds 1,000 bytes, its digest file says" in result.stderr
+    assert f"resuming {run} from checkpoints/previous.ckpt at step 4" in result.stderr  # the fallback
+    assert verify(run / "checkpoints" / "last.ckpt").step == 6  # rewritten, with the scheduled one it lacked
+    assert verify(run / "checkpoints" / "step-0000006.ckpt").step == 6
     assert not list((run / "checkpoints").glob(".*.tmp"))  # no temporary file left behind

@@ -11,16 +11,23 @@ each norm's input and output. Position "all" counts every token, "first" only th
 Null model: a random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector.
 """
 
+import argparse
 import csv
+import json
 import math
+import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
+
+from train.errors import NormlabError
 
 REFERENCES = ("uniform", "random_a", "random_b")
 POSITIONS = ("all", "first")
@@ -254,13 +261,15 @@ def measure(forward, sites: list[NormSite], d: int, batches, device=None, **refe
 
 
 def append_csv(path: Path, records: list[dict]) -> None:
-    """Append `records` to the CSV at `path`, first dropping rows of the same or later steps (so that a
-    resumed run rewrites what a killed one left, without duplicates)."""
+    """Append `records` to the CSV at `path`, first dropping rows of the same or later steps (so that measuring a
+    run again rewrites its rows, without duplicates) and any torn or damaged row."""
+    from train.run_dir import read_table, warn
+
     step = min(r["step"] for r in records)
-    kept = []
-    if path.is_file():
-        with open(path, newline="") as f:
-            kept = [row for row in csv.DictReader(f) if int(row["step"]) < step]
+    _, rows, dropped = read_table(path)
+    if dropped:
+        warn(f"{path}: dropped {dropped} torn or damaged row{'s' * (dropped > 1)}")
+    kept = [row for row in rows if int(row["step"]) < step]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
@@ -269,27 +278,115 @@ def append_csv(path: Path, records: list[dict]) -> None:
     tmp.replace(path)
 
 
+# -- reading the CSV files back (normlab-report, tests)
+
+
+class AnalysisError(NormlabError):
+    """Input that normlab-angles or normlab-report cannot analyse as given."""
+
+
+class DamagedTable(AnalysisError):
+    """A CSV file with a row cut short or damaged."""
+
+
+def read_rows(path: Path, parse: Callable[[str, str], object], columns=("step",)) -> list[dict]:
+    """The rows of a CSV file that normlab writes, each value through parse(column, value). A header without
+    `columns`, a row cut short (the last line without its newline), with another number of fields than the header,
+    or with a value that does not parse raises DamagedTable naming its line (train.run_dir.read_table drops the same
+    rows, silently)."""
+    lines = Path(path).read_bytes().decode("utf-8", errors="replace").split("\n")
+    if lines.pop():
+        raise DamagedTable(f"{path}, line {len(lines) + 1}, is cut short (no newline at its end)")
+    header = next(csv.reader(lines[:1]), [])
+    if lines and (missing := [c for c in columns if c not in header]):
+        raise DamagedTable(f"{path}, line 1: the header has no {', '.join(missing)} column")
+    rows = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = next(csv.reader([line]), [])
+        if len(fields) != len(header):
+            raise DamagedTable(f"{path}, line {number}, has {len(fields)} fields, its header {len(header)}")
+        row = {}
+        for column, value in zip(header, fields):
+            try:
+                row[column] = parse(column, value)
+            except ValueError:
+                raise DamagedTable(f"{path}, line {number}: {column} '{value[:20]}' is not a number") from None
+        rows.append(row)
+    return rows
+
+
+ANGLE_COLUMN_TYPES = {"step": int, "layer": int, "count": int, "d": int, "site": str, "reference": str,
+                      "position": str, "histogram": lambda v: [int(c) for c in v.split()]}  # any other column: float
+
+
 def read_csv(path: Path) -> list[dict]:
     """angles.csv as dicts of numbers (histogram: a list of counts per degree)."""
-    parse = {"step": int, "layer": int, "count": int, "d": int, "site": str, "reference": str, "position": str,
-             "histogram": lambda v: [int(c) for c in v.split()]}
-    with open(path, newline="") as f:
-        return [{k: parse.get(k, float)(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    return read_rows(path, lambda column, value: ANGLE_COLUMN_TYPES.get(column, float)(value), CSV_COLUMNS)
 
 
 # -- normlab-angles: the same statistics for saved normlab checkpoints and local Hugging Face models
 
 
-def load_normlab(path: Path) -> tuple[nn.Module, int]:
-    """A normlab model from a Lightning checkpoint (its config rides in the checkpoint) and its step."""
+class OneLineParser(argparse.ArgumentParser):
+    """Reports a bad command line as one line `prog: error: message`, like the tools' other errors (argparse would
+    print its usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive: give at least 1")
+    return value
+
+
+def device_name(text: str) -> str:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device '{text}': give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: no CUDA device is available here, give --device cpu")
+    return text
+
+
+@contextmanager
+def loading(what: str):
+    """An error of transformers reading a model directory, as one line naming what it was reading."""
+    try:
+        yield
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError... for damaged files
+        raise AnalysisError(f"cannot load {what} ({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A normlab checkpoint, memory-mapped: its tensors are read from the file when used."""
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+
+
+def load_normlab(path: Path) -> nn.Module:
+    """A normlab model from a checkpoint, full or weights only (its config rides in the checkpoint)."""
     from omegaconf import OmegaConf
 
     from train.cli import build_model
 
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(path)
     model = build_model(OmegaConf.create(ckpt["hyper_parameters"]["config"]))
-    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")})
-    return model, ckpt["global_step"]
+    weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(weights)
+    return model
+
+
+def load_hugging_face(path: Path) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with loading(f"the model in {path}"):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # raw weights: nothing folded
 
 
 def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> torch.Tensor:
@@ -299,63 +396,156 @@ def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -
 
     from train import tokenizer as gpt2
 
-    if not any((path / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
+    tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any((path / f).exists() for f in tokenizer_files):
         if vocab_size < gpt2.VOCAB_SIZE:
-            raise SystemExit(f"normlab-angles: error: {path} has no tokenizer and a vocabulary of {vocab_size} < 50257: "
-                             "add the model's tokenizer files")
+            raise AnalysisError(f"{path} has no tokenizer and a vocabulary of {vocab_size} < 50257: add the model's "
+                                "tokenizer files")
         return probe[:, :seq_len]
-    tok = AutoTokenizer.from_pretrained(path)
+    with loading(f"the tokenizer in {path}"):
+        tok = AutoTokenizer.from_pretrained(path)
     documents = gpt2.gpt2().decode(probe.flatten().tolist()).split("<|endoftext|>")
     ids = [t for doc in documents if doc for t in tok(doc)["input_ids"] + [tok.eos_token_id or 0]]
     n = min(len(ids) // seq_len, probe.numel() // seq_len)
     return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import argparse
+@dataclass
+class Analysis:
+    """A path given to normlab-angles, checked and ready to measure."""
+    path: Path
+    layout: str  # a key of LAYOUTS
+    checkpoints: list[tuple[int, Callable[[], nn.Module]]]  # (step, what loads its model), in step order
+    windows: torch.Tensor  # the probe: [sequences, seq_len] token ids
+    warnings: list[str]
+
+
+def checked_seq_len(args, path: Path, context: int, context_name: str) -> int:
+    """--seq-len (default: the model's context, at most 1024), checked against the context and --tokens."""
+    seq_len = args.seq_len or min(1024, context)
+    if seq_len > context:
+        raise AnalysisError(f"--seq-len {seq_len} is beyond the context of {path} ({context} tokens, {context_name}): "
+                            f"give at most {context}")
+    if args.tokens is not None and args.tokens < seq_len:
+        raise AnalysisError(f"--tokens {args.tokens} is less than one sequence of {seq_len} tokens: give at least "
+                            f"{seq_len}, a smaller --seq-len, or no --tokens for the whole split")
+    return seq_len
+
+
+def plan_hugging_face(path: Path, args) -> Analysis:
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_bytes())
+    except ValueError as e:
+        raise AnalysisError(f"{config_file} is not valid JSON ({e}): restore the model's config.json") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in LAYOUTS or model_type == "normlab":
+        raise AnalysisError(f"{path}: model type {model_type} is not supported "
+                            f"(supported: {', '.join(k for k in LAYOUTS if k != 'normlab')})")
+    from transformers import AutoConfig
 
     from train.data import load_probe
 
-    parser = argparse.ArgumentParser(prog="normlab-angles", description="Angle statistics (angles.csv) for normlab "
-                                     "checkpoints or run directories, or local Hugging Face causal LM directories.")
-    parser.add_argument("paths", nargs="+", type=Path, help="a .ckpt, a run directory (all its checkpoints) or a HF model directory")
-    parser.add_argument("--probe-dir", default="data/embedded", help="a prepared data directory (default: data/embedded)")
+    with loading(config_file):
+        config = AutoConfig.from_pretrained(path)
+    context_key = "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings"
+    seq_len = checked_seq_len(args, path, getattr(config, context_key), f"{context_key} in config.json")
+    probe = load_probe(args.probe_dir, args.split, args.tokens, seq_len)
+    windows = hf_windows(path, probe, config.vocab_size, seq_len)
+    return Analysis(path, model_type, [(0, partial(load_hugging_face, path))], windows, [])
+
+
+def plan_normlab(path: Path, args) -> Analysis:
+    """A checkpoint, or every intact scheduled checkpoint of a run directory (damaged ones: a warning each)."""
+    from omegaconf import OmegaConf
+
+    from train.data import load_probe
+    from train.run_dir import RunDirError, verify
+
+    is_run = path.is_dir()
+    checkpoints = sorted((path / "checkpoints").glob("step-*.ckpt")) if is_run else [path]
+    if not checkpoints:
+        raise AnalysisError(f"no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {path}: give a .ckpt, a run "
+                            "directory or a Hugging Face model directory (with its config.json)")
+    intact, damaged = [], []
+    for checkpoint in checkpoints:
+        try:
+            intact.append((verify(checkpoint).step, checkpoint))
+        except RunDirError as e:
+            if not is_run:
+                raise AnalysisError(f"{e}: give another checkpoint of the run, or the run directory") from None
+            damaged.append(str(e))
+    if not intact:
+        more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
+        raise AnalysisError(f"no intact checkpoint in {path / 'checkpoints'}: {damaged[0]}{more}; restore them from a "
+                            "copy, or train the run again")
+    model = OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]).model
+    seq_len = checked_seq_len(args, path, model.block_size, "model.block_size")
+    windows = load_probe(args.probe_dir, args.split, args.tokens, seq_len, model.vocab_size)
+    return Analysis(path, "normlab", [(step, partial(load_normlab, c)) for step, c in sorted(intact)], windows,
+                    [f"{reason}: skipped" for reason in damaged])
+
+
+def plan(path: Path, args) -> Analysis:
+    if not path.exists():
+        raise AnalysisError(f"{path} does not exist: give a .ckpt, a run directory or a Hugging Face model directory")
+    if (path / "config.json").is_file():
+        return plan_hugging_face(path, args)
+    return plan_normlab(path, args)
+
+
+def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[dict]:
+    """The angle rows of every checkpoint of `analysis`, loading one model at a time."""
+    batches = [(b.to(device), torch.ones_like(b, dtype=torch.bool, device=device))
+               for b in analysis.windows.split(batch_size)]
+    records = []
+    for step, load in analysis.checkpoints:
+        model = load().to(device).eval()
+        if analysis.layout == "normlab":
+            d, forward = model.config.n_embd, lambda ids, mask, m=model: m.hidden(ids)
+        else:
+            d = model.config.hidden_size
+            forward = lambda ids, mask, m=model: m.base_model(input_ids=ids, attention_mask=mask)  # noqa: E731
+        progress = tqdm(batches, desc=f"{analysis.path.name} step {step}", unit="batch")
+        records += measure(forward, norm_sites(model, analysis.layout), d, progress, device).records(step)
+        model.cpu()
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(prog="normlab-angles", description="Angle statistics (angles.csv) for normlab "
+                           "checkpoints or run directories, or local Hugging Face causal LM directories.")
+    parser.add_argument("paths", nargs="+", type=Path,
+                        help="a .ckpt, a run directory (all its checkpoints) or a HF model directory")
+    parser.add_argument("--probe-dir", default="data/embedded",
+                        help="a prepared data directory (default: data/embedded)")
     parser.add_argument("--split", default="val", help="its split to probe with (val, or probe for data=wikipedia)")
-    parser.add_argument("--tokens", type=int, default=None, help="probe tokens (default: all of the split)")
-    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the model's context, at most 1024)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tokens", type=positive_int, default=None, help="probe tokens (default: all of the split)")
+    parser.add_argument("--seq-len", type=positive_int, default=None,
+                        help="tokens per sequence (default: the model's context, at most 1024)")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="CSV to write (default: checkpoints/angles/<name>.csv)")
     args = parser.parse_args(argv)
-    for path in args.paths:
-        if (path / "config.json").is_file():
-            from transformers import AutoConfig, AutoModelForCausalLM
-
-            config = AutoConfig.from_pretrained(path)
-            if config.model_type not in LAYOUTS:
-                parser.exit(2, f"normlab-angles: error: {path}: model type {config.model_type} is not supported "
-                               f"(supported: {', '.join(k for k in LAYOUTS if k != 'normlab')})\n")
-            seq_len = args.seq_len or min(1024, getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 1024))
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # raw weights: nothing folded
-            windows = hf_windows(path, load_probe(args.probe_dir, args.split, args.tokens, seq_len), config.vocab_size, seq_len)
-            runs = [(model, 0, config.model_type, lambda ids, mask, m=model: m.base_model(input_ids=ids, attention_mask=mask))]
-        else:
-            ckpts = sorted(path.glob("checkpoints/step-*.ckpt")) if path.is_dir() else [path]
-            if not ckpts:
-                parser.exit(2, f"normlab-angles: error: no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {path}\n")
-            runs = []
-            for ckpt in ckpts:
-                model, step = load_normlab(ckpt)
-                runs.append((model, step, "normlab", lambda ids, mask, m=model: m.hidden(ids)))
-            seq_len = args.seq_len or min(1024, runs[0][0].config.block_size)
-            windows = load_probe(args.probe_dir, args.split, args.tokens, seq_len, runs[0][0].config.vocab_size)
-        out = args.out or Path("checkpoints/angles") / f"{path.resolve().name}.csv"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        for model, step, layout, forward in runs:
-            model.to(args.device).eval()
-            d = model.config.hidden_size if layout != "normlab" else model.config.n_embd
-            batches = [(b.to(args.device), torch.ones_like(b, dtype=torch.bool)) for b in windows.split(args.batch_size)]
-            stats = measure(forward, norm_sites(model, layout), d, tqdm(batches, desc=f"{path.name} step {step}", unit="batch"), args.device)
-            append_csv(out, stats.records(step))
-            model.cpu()
-        print(f"wrote {out} ({len(runs)} checkpoint{'s' * (len(runs) > 1)}, {windows.numel():,} probe tokens)")
+    if args.out and len(args.paths) > 1:
+        parser.error("--out names one CSV file: give one path with it, or leave it out (each path then gets "
+                     "checkpoints/angles/<name>.csv)")
+    if args.out and args.out.is_dir():
+        parser.error(f"--out {args.out} is a directory: give a file name, e.g. {args.out / 'angles.csv'}")
+    try:
+        analyses = [plan(path, args) for path in args.paths]  # every path checked before any model runs
+        for warning in (w for analysis in analyses for w in analysis.warnings):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        measured = [(analysis, measure_analysis(analysis, args.device, args.batch_size)) for analysis in analyses]
+        for analysis, records in measured:  # written once all are measured: a failure leaves no partial output
+            out = args.out or Path("checkpoints/angles") / f"{analysis.path.resolve().name}.csv"
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                append_csv(out, records)
+            except OSError as e:
+                raise AnalysisError(f"cannot write {out} ({e.strerror}): give a writable --out") from None
+            checkpoints = len(analysis.checkpoints)
+            print(f"wrote {out} ({checkpoints} checkpoint{'s' * (checkpoints > 1)}, "
+                  f"{analysis.windows.numel():,} probe tokens)")
+    except NormlabError as e:
+        parser.error(str(e))

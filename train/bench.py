@@ -142,7 +142,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
     import lightning as L
     import torch
 
-    from train.cli import build, build_module, build_trainer
+    from train.cli import build, build_module, fit
 
     class PlainTwin(L.Callback):
         def __init__(self, cfg):
@@ -168,9 +168,8 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose([f"run_dir={tmp}/run", "trainer.accelerator=cpu", "logger=csv", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
                        f"callbacks.scheduled_checkpoints.every={steps}", "probe.tokens=8192"])  # validation and checkpoints after the last step
-        twin, module = PlainTwin(cfg), build_module(cfg)
-        trainer = build_trainer(cfg, [*(build(c) for c in cfg.callbacks.values()), twin], accumulate=1)
-        trainer.fit(module, datamodule=build(cfg.data))
+        twin = PlainTwin(cfg)
+        module = fit(cfg, extra_callbacks=[twin])
     same = twin.same_batches and all(torch.equal(a, b) for a, b in zip(module.parameters(), twin.module.parameters()))
     # each framework step against the plain step just before it: neighbours in time share the machine's state
     ratio = statistics.median(plain / framework for plain, framework in zip(twin.plain, twin.framework))

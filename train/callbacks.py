@@ -165,10 +165,13 @@ def requeues_itself() -> bool:
 
 class Preemption(L.Callback):
     """On SIGTERM or SIGUSR1 (to any rank) the run finishes its optimizer step, and the validation that follows it
-    if one does, then saves last.ckpt, requeues its Slurm job on SIGUSR1 under sbatch (scontrol requeue; the job
-    resumes from it), and stops with exit code 128 + the signal's number (143, 138). It stops when the next step
-    would begin, once every row of the finished step is logged; a signal in the last step lets the run finish (a
-    sweep then stops before its next job)."""
+    if one does, saves last.ckpt, and stops when the next step would begin, once every row of the finished step is
+    logged and on disk: exit code 128 + the signal's number (143, 138). On SIGUSR1 under sbatch it first requeues
+    its Slurm job (scontrol requeue), which resumes from last.ckpt. A signal in the last step lets the run finish
+    (a sweep then stops before its next job)."""
+
+    def __init__(self):
+        self.stopping = 0  # the signal whose checkpoint is saved: stop at the next step
 
     def on_train_start(self, trainer, pl_module):
         install_signal_handlers()
@@ -180,19 +183,33 @@ class Preemption(L.Callback):
             return mine
         return int(trainer.strategy.reduce(torch.tensor(mine, device=trainer.strategy.root_device), reduce_op="max"))
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if batch_idx % trainer.accumulate_grad_batches or not (signum := self.signal_received(trainer)):
-            return  # mid-accumulation, or no signal
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # Saved here, between steps, where Lightning resumes a mid-epoch checkpoint from; a step followed by a
+        # validation is saved after it instead (train/run_dir.py), with the checkpoints of its schedule.
         run = RunDirectory.of(trainer)
-        saved = run.last_saved if run.last_saved_step == trainer.global_step else run.save_last(trainer)
-        what = f"{signal.Signals(signum).name}: saved {saved} at step {trainer.global_step}"
-        if signum == signal.SIGUSR1 and requeues_itself():
+        if (batch_idx + 1) % trainer.accumulate_grad_batches or run.validates_after(trainer.global_step):
+            return
+        if signum := self.signal_received(trainer):
+            run.save_last(trainer)
+            self.stopping = signum
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx % trainer.accumulate_grad_batches:
+            return
+        run = RunDirectory.of(trainer)
+        if not self.stopping and run.last_saved_step == trainer.global_step:  # just validated and saved
+            self.stopping = self.signal_received(trainer)
+        if not self.stopping:
+            return
+        run.sync_tables()  # the rows of the step saved were logged after the save: on disk before stopping
+        what = f"{signal.Signals(self.stopping).name}: saved {run.last_saved} at step {trainer.global_step}"
+        if self.stopping == signal.SIGUSR1 and requeues_itself():
             job = os.environ["SLURM_JOB_ID"]
             if trainer.is_global_zero:
                 print(f"{what}; requeueing job {job}", flush=True)
                 subprocess.run(["scontrol", "requeue", job], check=False)
-            raise Interrupted(f"{what}; requeued Slurm job {job}, which resumes from it", signum)
-        raise Interrupted(f"{what}; run the same command to resume from it", signum)
+            raise Interrupted(f"{what}; requeued Slurm job {job}, which resumes from it", self.stopping)
+        raise Interrupted(f"{what}; run the same command to resume from it", self.stopping)
 
 
 class NonFiniteGuard(L.Callback):

@@ -21,7 +21,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from train.errors import ConfigError, Interrupted, NormlabError, install_signal_handlers, received
+from train.errors import ConfigError, Interrupted, NormlabError, install_signal_handlers, process_rank, received
 from train.paths import CONF_DIR
 
 
@@ -103,9 +103,7 @@ def hydra_app(config_name: str):
             try:
                 return task(cfg)
             except NormlabError as e:
-                from train.run_dir import global_rank_from_environment
-
-                if isinstance(e, Interrupted) and global_rank_from_environment():
+                if isinstance(e, Interrupted) and process_rank():
                     sys.exit(e.exit_code)  # rank 0 says it
                 fail(f"{e}{jobs_not_run()}", e.exit_code)
 
@@ -199,17 +197,18 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
 def fit(cfg: DictConfig, extra_callbacks=()):
     """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule: what
     normlab-train does, as a plain function (the benchmark calls it too)."""
-    import lightning as L
-
-    from train import runtime
     from train.checks import check_train_config
-    from train.run_dir import RunDirectory
 
     run_dir = Path(cfg.run_dir)
     try:
         if received:  # a stop signal before this run (of a sweep) started
             raise Interrupted("stopped by a signal before this run started", received[0])
         check_train_config(cfg)
+        import lightning as L
+
+        from train import runtime
+        from train.run_dir import RunDirectory
+
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         accumulate = gradient_accumulation(cfg)

@@ -1,6 +1,7 @@
 """Errors that mean "the user asked for something that cannot run": reported in one line, exit code 2; and the
 stop signals, which end a run with its progress saved."""
 
+import os
 import signal
 
 
@@ -48,3 +49,10 @@ def install_signal_handlers() -> None:
     SIGTERM handler, which ends a run with exit code 0 and saves nothing."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, note_signal)
+
+
+def process_rank() -> int:
+    """This process's global rank before any process group exists: srun, torchrun and Lightning's launcher set
+    these variables (0 when none is set: a single process, or the one that launches the others)."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+    return rank or int(os.environ.get("LOCAL_RANK", 0)) or int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))

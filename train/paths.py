@@ -35,8 +35,9 @@ def identifies_the_run(key: str) -> bool:
 
 def run_tag(*, _root_: DictConfig) -> str:
     """`-key=value,...` of the command-line overrides that shape the run (sorted; numbers written canonically,
-    1e-3 and 0.001 alike), or '' when there are none. Characters unsafe in a file name become '_'; a tag longer
-    than TAG_LENGTH keeps its start and gets an 8-character hash of the whole."""
+    1e-3 and 0.001 alike), or '' when there are none. A tag longer than TAG_LENGTH, or with characters unsafe in a
+    file name, is shortened: keys to their last part (callbacks.scheduled_checkpoints.every -> every), unsafe
+    characters to '_', cut to length, and an 8-character hash of the whole tag appended."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -46,22 +47,25 @@ def run_tag(*, _root_: DictConfig) -> str:
         overrides = list(HydraConfig.get().overrides.task)
     else:
         return ""
-    items = []
+    items = {}  # key -> (prefix, value)
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
         if key in IN_THE_NAME or not identifies_the_run(key):
             continue
         if override.is_delete():
-            items.append(f"~{key}")
+            items[key] = ("~", None)
         else:
-            items.append(f"{'+' if override.is_add() else ''}{key}={canonical(override.value())}")
-    tag = ",".join(sorted(items, key=lambda item: item.lstrip("+~")))
-    if not tag:
+            items[key] = ("+" if override.is_add() else "", canonical(override.value()))
+    if not items:
         return ""
-    safe = re.sub(r"[^A-Za-z0-9._=,+~-]", "_", tag)
-    if len(safe) <= TAG_LENGTH and safe == tag:
+    keys = sorted(items)
+    tag = ",".join(f"{items[k][0]}{k}" + ("" if items[k][1] is None else f"={items[k][1]}") for k in keys)
+    if len(tag) <= TAG_LENGTH and re.fullmatch(r"[A-Za-z0-9._=,+~-]*", tag):
         return f"-{tag}"
-    return f"-{safe[:TAG_LENGTH - 9]}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
+    short = ",".join(f"{items[k][0]}{re.split('[./]', k)[-1]}" + ("" if items[k][1] is None else f"={items[k][1]}")
+                     for k in keys)
+    short = re.sub(r"[^A-Za-z0-9._=,+~-]", "_", short)[: TAG_LENGTH - 9]
+    return f"-{short}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
 
 
 def canonical(value) -> str:

@@ -6,8 +6,6 @@ at the last checkpoint, with the null band; the paper's figures 3, 4, 6-13) and 
 pre-norm angle of every layer across checkpoints; figures 14-37); summary.md with the tables. Prints the tables.
 """
 
-import argparse
-import csv
 import math
 import statistics
 from collections import defaultdict
@@ -19,9 +17,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from train.angles import REFERENCES, read_csv  # noqa: E402
+from train.angles import REFERENCES, AnalysisError, DamagedTable, OneLineParser, read_csv, read_rows  # noqa: E402
+from train.errors import NormlabError  # noqa: E402
 
 NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red"}
 REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random a~ (norm sqrt d)", "random_b": "random b~ (other norm)"}
@@ -47,15 +46,46 @@ class Run:
         return self.metrics[key][-1][1] if self.metrics.get(key) else math.nan
 
 
+RUN_CONFIG_KEYS = ("model.name", "norm.name", "seed")  # what the report reads of a run's config.yaml
+
+
+def read_config(path: Path) -> dict:
+    try:
+        config = OmegaConf.load(path)
+    except Exception as e:  # yaml's and OmegaConf's errors alike
+        mark = getattr(e, "problem_mark", None)  # where yaml found the problem
+        problem = f"line {mark.line + 1}: {e.problem}" if mark else str(e).strip().splitlines()[0]
+        raise AnalysisError(f"{path} is not valid YAML ({problem}): restore it, or leave this run out of the "
+                            "report") from None
+    missing = [k for k in RUN_CONFIG_KEYS if not isinstance(config, DictConfig) or OmegaConf.select(config, k) is None]
+    if missing:
+        raise AnalysisError(f"{path} is not a normlab run config (no {', '.join(missing)}): restore it, or leave this "
+                            "run out of the report")
+    return OmegaConf.to_container(config)
+
+
+def metric_value(column: str, value: str) -> int | float | None:
+    """A value of metrics.csv: the step, or a metric (None where the row does not log it)."""
+    return int(value) if column == "step" else float(value) if value else None
+
+
 def load_run(run_dir: Path) -> Run:
-    run = Run(run_dir, OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml")))
-    with open(run_dir / "metrics.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            for key, value in row.items():
-                if key not in ("step", "epoch") and value:
-                    run.metrics.setdefault(key, []).append((int(row["step"]), float(value)))
-    if (run_dir / "angles.csv").is_file():
-        run.angles = read_csv(run_dir / "angles.csv")
+    run = Run(run_dir, read_config(run_dir / "config.yaml"))
+    try:
+        rows = read_rows(run_dir / "metrics.csv", metric_value)
+    except DamagedTable as e:
+        raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it") from None
+    for row in rows:
+        for key, value in row.items():
+            if key not in ("step", "epoch") and value is not None:
+                run.metrics.setdefault(key, []).append((row["step"], value))
+    angles = run_dir / "angles.csv"
+    if angles.is_file():
+        try:
+            run.angles = read_csv(angles)
+        except DamagedTable as e:
+            raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it, or regenerate it with "
+                                f"normlab-angles {run_dir} --out {angles}") from None
     return run
 
 
@@ -195,16 +225,18 @@ def summary_table(runs: list[Run]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="normlab-report", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories, or directories holding runs")
-    parser.add_argument("--out", type=Path, help="output directory (default: <first path>/report)")
-    args = parser.parse_args(argv)
-    runs = find_runs(args.paths)
+def report(paths: list[Path], out: Path) -> None:
+    for path in paths:
+        if not path.exists():
+            raise AnalysisError(f"{path} does not exist: give run directories, or directories holding runs")
+    runs = find_runs(paths)
     if not runs:
-        parser.exit(2, f"normlab-report: error: no run (metrics.csv + config.yaml) under {', '.join(map(str, args.paths))}\n")
-    out = args.out or args.paths[0] / "report"
-    out.mkdir(parents=True, exist_ok=True)
+        raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}")
+    tables = summary_table(runs) + "\n" + angle_table(runs)  # before anything is written: a failure writes nothing
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AnalysisError(f"cannot create {out} ({e.strerror}): give a writable --out") from None
     plot_losses(runs, out / "loss.png")
     figures = ["loss.png"]
     with_angles = [r for r in runs if r.angles]
@@ -214,7 +246,17 @@ def main(argv: list[str] | None = None) -> None:
     for run in with_angles:
         figures.append(f"angles_training_{run.dir.name}.png")
         plot_angles_training(run, out / figures[-1])
-    tables = summary_table(runs) + "\n" + angle_table(runs)
     images = "".join(f"![{f}]({f})\n\n" for f in figures)
     (out / "summary.md").write_text(f"# normlab report\n\n{tables}\n{images}")
     print(tables + f"\nwrote {len(figures)} figures and summary.md to {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(prog="normlab-report", description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories, or directories holding runs")
+    parser.add_argument("--out", type=Path, help="output directory (default: <first path>/report)")
+    args = parser.parse_args(argv)
+    try:
+        report(args.paths, args.out or args.paths[0] / "report")
+    except NormlabError as e:
+        parser.error(str(e))

@@ -41,7 +41,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from train.errors import ConfigError, NormlabError
+from train.errors import ConfigError, NormlabError, process_rank
 from train.paths import RUN_ID_FILE, identifies_the_run
 
 CLAIM_FILE = ".claim"
@@ -171,14 +171,19 @@ def digest_path(path: Path) -> Path:
 
 
 class HashingWriter:
-    """A binary file that hashes what is written to it (torch.save writes its archive front to back)."""
+    """A binary file that hashes what is written to it (torch.save writes its archive front to back). It keeps the
+    OSError of a failed write: torch.save reports it as a RuntimeError about the archive's position."""
 
     def __init__(self, file):
-        self.file, self.sha256 = file, hashlib.sha256()
+        self.file, self.sha256, self.error = file, hashlib.sha256(), None
 
     def write(self, data) -> int:
         self.sha256.update(data)
-        return self.file.write(data)
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
 
     def flush(self) -> None:
         self.file.flush()
@@ -187,7 +192,7 @@ class HashingWriter:
 def write_checkpoint(checkpoint: dict, path: Path) -> Record:
     """torch.save `checkpoint` to `path` atomically, then its digest file beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp, writer = path.with_name(f".{path.name}.tmp"), None
     try:
         with open(tmp, "wb") as f:
             writer = HashingWriter(f)
@@ -197,9 +202,12 @@ def write_checkpoint(checkpoint: dict, path: Path) -> Record:
         record = Record(writer.sha256.hexdigest(), tmp.stat().st_size, checkpoint["global_step"],
                         "full" if "optimizer_states" in checkpoint else "weights")
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
-        raise write_error(path, e) from None
+        error = writer.error if writer and writer.error else e
+        if not isinstance(error, OSError):
+            raise
+        raise write_error(path, error) from None
     write_atomically(digest_path(path), (json.dumps(record.__dict__) + "\n").encode())
     return record
 
@@ -314,12 +322,6 @@ def same_launch(holder: dict, me: dict) -> bool:
     return holder.get("host") == me["host"] and me["ppid"] != 1 and me["ppid"] in (holder.get("pid"), holder.get("ppid"))
 
 
-def global_rank_from_environment() -> int:
-    """This process's rank before any process group exists: srun, torchrun and Lightning's launcher set these."""
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-    return rank or int(os.environ.get("LOCAL_RANK", 0)) or int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
-
-
 class Claim:
     """`<run_dir>/.claim`: who uses the run directory, held with an exclusive lock (flock) while the holder lives,
     and, once rank 0 has chosen it, the checkpoint every rank resumes from."""
@@ -382,7 +384,7 @@ class Claim:
                 return holder
             if time.monotonic() > deadline:
                 held = f"it is held by {describe(holder)}" if holder else "nobody claimed it"
-                raise RunDirError(f"rank {global_rank_from_environment()} waited {timeout:.0f} s for rank 0 to claim "
+                raise RunDirError(f"rank {process_rank()} waited {timeout:.0f} s for rank 0 to claim "
                                   f"{self.path.parent}, but {held}: one process per run directory")
             time.sleep(0.5)
 
@@ -466,7 +468,7 @@ class RunDirectory(Checkpoint):
         but the claim is removed."""
         existed = self.path.is_dir() and any(self.path.iterdir())
         try:
-            if global_rank_from_environment() == 0:
+            if process_rank() == 0:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self.claim.acquire()
                 self.prepare(cfg, overrides)
@@ -614,11 +616,15 @@ class RunDirectory(Checkpoint):
 
     # -- saving
 
+    def sync_tables(self) -> None:
+        """metrics.csv to disk (angles.csv is always written atomically)."""
+        fsync_file(self.path / METRICS_FILE)
+
     def save(self, trainer: L.Trainer, path: Path, weights_only: bool) -> None:
         """Save a checkpoint (every rank calls this; rank 0 writes). The rows logged so far reach the disk first. A
         failed write stops every rank with its one-line reason."""
         if trainer.is_global_zero:
-            fsync_file(self.path / METRICS_FILE)
+            self.sync_tables()
         self.io.deferred, self.io.error = True, None
         try:
             trainer.save_checkpoint(path, weights_only=weights_only)
