@@ -36,7 +36,7 @@ def test_loader_state_continues_the_epoch_where_it_stopped():
     first = ResumableLoader(dataset, batch_size=4, sampler=ShuffledWindows(40, 4, seed=1))
     first.sampler.set_epoch(2)
     full = [b.tolist() for b in first]
-    first.completed = lambda: 3  # Lightning had completed 3 batches of the epoch
+    first.steps_done = lambda: 2 * len(first) + 3  # optimizer steps (of 1 batch) done: 2 epochs, then 3
     resumed = ResumableLoader(dataset, batch_size=4, sampler=ShuffledWindows(40, 4, seed=1))
     resumed.load_state_dict(first.state_dict())
     resumed.sampler.set_epoch(2)  # Lightning sets the epoch it resumes: the position is kept

@@ -20,6 +20,25 @@ def test_run_dir_is_derived_from_the_config_and_overridable(tmp_path):
     assert compose_config("train", [f"run_dir={tmp_path}"]).run_dir == str(tmp_path)
 
 
+def test_run_directory_names_every_setting_that_shapes_the_run():
+    def run_dir(*overrides):
+        return compose_config("train", ["experiment=demo", *overrides], with_hydra=True).run_dir
+
+    base = f"{PROJECT_ROOT}/checkpoints/demo/tiny-rmsnorm-seed3"
+    assert run_dir("norm=rmsnorm", "seed=3") == base
+    # what only names, places, logs or speeds up a run stays out; numbers are written one way
+    assert run_dir("norm=rmsnorm", "seed=3", "logger=csv", "runtime.compile=true", "trainer.devices=2") == base
+    assert run_dir("norm=rmsnorm", "seed=3", "model.lr=1e-3") == run_dir("seed=3", "model.lr=0.001", "norm=rmsnorm") \
+        == f"{base}-model.lr=0.001"
+    assert run_dir("norm=rmsnorm", "seed=3", "trainer.max_steps=800", "model.lr=3e-3") == \
+        f"{base}-model.lr=0.003,trainer.max_steps=800"
+    # long or unsafe in a file name: shortened, with a hash of the whole, so that every job of a sweep differs
+    long = run_dir("norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/name")
+    assert long.startswith(f"{base}-every=50,data=hub,path=org_name-") and len(long.rsplit("-", 1)[1]) == 8
+    assert long != run_dir("norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50",
+                           "data=hub", "data.source.path=org/other")
+
+
 def test_demo_experiment_sweeps_both_norms_on_the_tiny_model():
     cfg = compose_config("train", ["experiment=demo"], with_hydra=True)
     assert cfg.model.name == "tiny" and cfg.data.name == "embedded"

@@ -169,6 +169,7 @@ def test_rerunning_the_same_command_resumes_and_a_changed_config_is_refused(swee
     assert set(read_metrics(run)["train/loss"]) == set(range(8))
     (aside,) = tmp_path.glob("run.replaced-*")
     assert snapshot(aside) == {aside / p.relative_to(run): data for p, data in before.items()}  # moved, not deleted
+    assert (run / "run_id").read_text() != (aside / "run_id").read_text()  # a new wandb run
 
 
 def test_wandb_logs_offline_without_an_account(prepared, tmp_path):

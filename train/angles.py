@@ -289,7 +289,7 @@ class DamagedTable(AnalysisError):
     """A CSV file with a row cut short or damaged."""
 
 
-def read_rows(path: Path, parse: Callable[[str, str], object], columns=("step",)) -> list[dict]:
+def read_rows(path: str | Path, parse: Callable[[str, str], object], columns=("step",)) -> list[dict]:
     """The rows of a CSV file that normlab writes, each value through parse(column, value). A header without
     `columns`, a row cut short (the last line without its newline), with another number of fields than the header,
     or with a value that does not parse raises DamagedTable naming its line (train.run_dir.read_table drops the same
@@ -319,7 +319,7 @@ ANGLE_COLUMN_TYPES = {"step": int, "layer": int, "count": int, "d": int, "site":
                       "position": str, "histogram": lambda v: [int(c) for c in v.split()]}  # any other column: float
 
 
-def read_csv(path: Path) -> list[dict]:
+def read_csv(path: str | Path) -> list[dict]:
     """angles.csv as dicts of numbers (histogram: a list of counts per degree)."""
     return read_rows(path, lambda column, value: ANGLE_COLUMN_TYPES.get(column, float)(value), CSV_COLUMNS)
 

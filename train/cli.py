@@ -108,7 +108,6 @@ def hydra_app(config_name: str):
                 fail(f"{e}{jobs_not_run()}", e.exit_code)
 
         def main():
-            install_signal_handlers()
             check_group_choices(sys.argv[1:])
             run()
 
@@ -247,6 +246,7 @@ def fit(cfg: DictConfig, extra_callbacks=()):
 @hydra_app("train")
 def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest intact checkpoint of its run directory when there is one."""
+    install_signal_handlers()  # from here on, SIGTERM and SIGUSR1 stop the run (or the sweep) with its progress saved
     fit(cfg)
 
 

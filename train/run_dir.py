@@ -556,20 +556,24 @@ class RunDirectory(Checkpoint):
                 step, full = -1, path.name in (LAST, PREVIOUS)  # checked (and reported) below
             if full and not path.name.startswith("nonfinite"):
                 candidates.append((step, path.name == LAST, path))
+        damaged = []
         for step, _, path in sorted(candidates, reverse=True):
             try:
                 record = verify(path)
             except RunDirError as e:
-                warn(f"{e}: not resumed from; it is rewritten when the run passes its step again")
+                damaged.append(str(e))
                 self.damaged.add(path.name)
                 continue
+            for reason in damaged:
+                warn(f"{reason}: not resumed from; it is rewritten when the run passes its step again")
             self.resume_path, self.resume_step, self.last_good = path, record.step, path
             return
         progressed = sorted(p.name for p in self.dir.glob("step-*.ckpt") if p.name != "step-0000000.ckpt")
-        if candidates or progressed:
-            raise RunDirError(f"{self.path} has no intact full checkpoint to resume from "
-                              f"({', '.join(sorted(self.damaged) or progressed[:1])} ...): restart=true moves this run "
-                              "aside and starts over")
+        if damaged or progressed:
+            more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+            why = f"{damaged[0]}{more}" if damaged else f"it has {progressed[-1]} but no last.ckpt"
+            raise RunDirError(f"{self.path} has no intact full checkpoint to resume from: {why}; restart=true moves "
+                              "this run aside and starts over")
 
     # -- metrics.csv and angles.csv
 
