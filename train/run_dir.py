@@ -238,12 +238,6 @@ def verify(path: Path) -> Record:
     return record
 
 
-def load_verified(path: Path) -> dict:
-    """A verified checkpoint, loaded on the CPU."""
-    verify(path)
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO (rank 0 writes) through write_checkpoint. While `deferred`, a failed write is kept
     in `error` rather than raised, so that RunDirectory.save can stop every rank together instead of leaving the
@@ -544,7 +538,7 @@ class RunDirectory(Checkpoint):
         """The intact full checkpoint of the highest step recorded in it; damaged ones are reported and skipped (they
         are rewritten when the run passes their step again). No full checkpoint at all: a fresh start, unless the
         run had got further (then its progress would be lost: refused)."""
-        for partial in self.dir.glob(".*.tmp"):
+        for partial in [*self.dir.glob(".*.tmp"), *self.path.glob(".*.tmp")]:
             warn(f"removing {partial}, left by a save that was cut short")
             partial.unlink(missing_ok=True)
         candidates = []
