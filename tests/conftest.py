@@ -3,6 +3,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,25 @@ def local_corpus_config(prepared: Path) -> list[str]:
     root = prepared.parent
     return ["data=files", "data.name=local", f"data.dir={prepared}", "data.source.text_column=body",
             f"data.source.files=[{root}/part0.jsonl,{root}/part1.jsonl]", "data.source.val_fraction=0.1"]
+
+
+# -- the one-node Slurm cluster that `make test` starts (slurm/local_cluster.sh)
+
+
+def cluster_ready() -> bool:
+    return shutil.which("sbatch") is not None and subprocess.run(["sinfo"], capture_output=True).returncode == 0
+
+
+needs_slurm = pytest.mark.skipif(not cluster_ready() and not os.environ.get("CI"),
+                                 reason="no Slurm cluster here: run `bash slurm/local_cluster.sh` (root) first")
+
+
+def state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.strip()
+
+
+def wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)

@@ -5,14 +5,13 @@ so that both ranks' random states must be restored)."""
 import csv
 import os
 import re
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import cluster_ready, needs_slurm, state, wait
 from train.paths import PROJECT_ROOT
 from train.run_dir import verify
 
@@ -21,12 +20,7 @@ RUN = ["model.n_layer=2", "model.dropout=0.1", "data.batch_size=2", "data.val_to
        "callbacks.scheduled_checkpoints.sparse_every=120", "logger=csv", "global_batch_size=4", "probe.tokens=4096"]
 
 
-def cluster_ready() -> bool:
-    return shutil.which("sbatch") is not None and subprocess.run(["sinfo"], capture_output=True).returncode == 0
-
-
-pytestmark = pytest.mark.skipif(not cluster_ready() and not os.environ.get("CI"),
-                                reason="no Slurm cluster here: run `bash slurm/local_cluster.sh` (root) first")
+pytestmark = needs_slurm
 
 
 def sbatch(run_dir: Path, log: Path) -> str:
@@ -34,17 +28,6 @@ def sbatch(run_dir: Path, log: Path) -> str:
     result = subprocess.run(["sbatch", "--parsable", f"--output={log}", "slurm/tiny_cpu.sbatch", f"run_dir={run_dir}", *RUN],
                             cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=True)
     return result.stdout.strip().split(";")[0]
-
-
-def state(job: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.strip()
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(1)
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -1,0 +1,81 @@
+"""The run directory's claim: one process per run directory, a stale claim taken over, never a live one; and the
+CSV tables' torn rows. Real files, real processes, the real one-node Slurm cluster (`make test` starts it)."""
+
+import json
+import socket
+import subprocess
+
+import pytest
+
+from conftest import cluster_ready, needs_slurm, state, wait
+from train.run_dir import Claim, RunDirError, process_start, read_table, this_process
+
+
+def claim_of(run, **holder) -> Claim:
+    run.mkdir(exist_ok=True)
+    (run / ".claim").write_text(json.dumps({**this_process(), **holder}))
+    return Claim(run / ".claim")
+
+
+def test_a_held_claim_refuses_a_second_holder_and_is_gone_once_released(tmp_path):
+    first, second = Claim(tmp_path / ".claim"), Claim(tmp_path / ".claim")
+    first.acquire()
+    with pytest.raises(RunDirError, match=rf"^{tmp_path} is in use by pid \d+ on {socket.gethostname()}, since "):
+        second.acquire()  # the lock is held (here by another open file of the same process)
+    first.release()
+    assert not (tmp_path / ".claim").exists()
+    second.acquire()
+    second.release()
+
+
+def test_the_claim_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, capsys):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    claim = claim_of(tmp_path, pid=dead.pid, pid_start=1)
+    claim.acquire()
+    assert f"taking over the claim on {tmp_path} of pid {dead.pid}" in capsys.readouterr().err
+    assert json.loads((tmp_path / ".claim").read_text())["pid"] == this_process()["pid"]
+    claim.release()
+
+
+def test_a_live_process_keeps_its_claim_even_when_the_lock_is_free(tmp_path):
+    """A file system whose locks other processes do not see: the claim itself tells the holder is alive."""
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        holder = claim_of(tmp_path, pid=alive.pid, pid_start=process_start(alive.pid))
+        with pytest.raises(RunDirError, match=f"in use by pid {alive.pid} on .*: one process per run directory; wait "
+                                              f"for it to end \\(if it has ended, delete {tmp_path}/.claim\\)"):
+            holder.acquire()
+    finally:
+        alive.kill()
+
+
+def slurm_job(*command: str) -> str:
+    return subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", " ".join(command)],
+                          capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+
+
+@needs_slurm
+def test_a_claim_from_another_node_is_kept_while_its_slurm_job_runs_and_taken_once_it_ended(tmp_path, capsys):
+    assert cluster_ready(), "CI must start the one-node cluster: bash slurm/local_cluster.sh"
+    running = slurm_job("sleep", "60")
+    try:
+        wait(lambda: state(running).startswith("RUNNING"), 60, "the job to run")
+        with pytest.raises(RunDirError, match=f"in use by pid 4242 on node7, Slurm job {running}, since"):
+            claim_of(tmp_path, host="node7", pid=4242, slurm_job=running).acquire()
+    finally:
+        subprocess.run(["scancel", running], check=True)
+    wait(lambda: state(running) == "", 60, "the job to end")
+    claim = claim_of(tmp_path, host="node7", pid=4242, slurm_job=running)
+    claim.acquire()
+    assert f"of pid 4242 on node7, Slurm job {running}, since" in (err := capsys.readouterr().err)
+    assert err.rstrip().endswith(f"Slurm job {running} has ended")
+    claim.release()
+
+
+def test_torn_and_damaged_rows_are_told_apart_from_whole_ones(tmp_path):
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,train/loss\n0,10.8\n1,10.7\nx,1\n2,10.6,extra\n3,10.5\n4,10.")
+    header, rows, dropped = read_table(path)
+    assert header == ["step", "train/loss"] and [r["step"] for r in rows] == ["0", "1", "3"]
+    assert dropped == 3  # no integer step, a field too many, the last line cut short
