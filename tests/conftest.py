@@ -54,8 +54,10 @@ def prepared_copy(prepared, tmp_path) -> Path:
     return Path(shutil.copytree(prepared, tmp_path / "embedded"))
 
 
-DOCS = [f"Document {i}: " + " ".join(["The quick brown fox jumps over the lazy dog."] * (i % 7 + 1)) + f" Café №{i} 🦊"
-        for i in range(60)]
+DOCS = [
+    f"Document {i}: " + " ".join(["The quick brown fox jumps over the lazy dog."] * (i % 7 + 1)) + f" Café №{i} 🦊"
+    for i in range(60)
+]
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +77,14 @@ def local_corpus(tmp_path_factory) -> Path:
 def local_corpus_config(prepared: Path) -> list[str]:
     """The overrides that describe the local corpus prepared in `prepared` (for prepare and train)."""
     root = prepared.parent
-    return ["data=files", "data.name=local", f"data.dir={prepared}", "data.source.text_column=body",
-            f"data.source.files=[{root}/part0.jsonl,{root}/part1.jsonl]", "data.source.val_fraction=0.1"]
+    return [
+        "data=files",
+        "data.name=local",
+        f"data.dir={prepared}",
+        "data.source.text_column=body",
+        f"data.source.files=[{root}/part0.jsonl,{root}/part1.jsonl]",
+        "data.source.val_fraction=0.1",
+    ]
 
 
 # -- the one-node Slurm cluster that `make test` starts (slurm/local_cluster.sh)
@@ -86,8 +94,10 @@ def cluster_ready() -> bool:
     return shutil.which("sbatch") is not None and subprocess.run(["sinfo"], capture_output=True).returncode == 0
 
 
-needs_slurm = pytest.mark.skipif(not cluster_ready() and not os.environ.get("CI"),
-                                 reason="no Slurm cluster here: run `bash slurm/local_cluster.sh` (root) first")
+needs_slurm = pytest.mark.skipif(
+    not cluster_ready() and not os.environ.get("CI"),
+    reason="no Slurm cluster here: run `bash slurm/local_cluster.sh` (root) first",
+)
 
 
 def state(job: str) -> str:

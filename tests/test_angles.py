@@ -134,7 +134,8 @@ dist.init_process_group("gloo", init_method=f"file://{path}.rendezvous", rank=ra
 model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
 model.init_weights(3)
 ids = torch.randint(0, 300, (10, 16), generator=torch.Generator().manual_seed(4))
-stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(b, None) for b in ids[rank::world].split(2)])
+batches = [(b, None) for b in ids[rank::world].split(2)]
+stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, batches)
 if rank == 0:
     torch.save(stats.records(0), path)
 dist.destroy_process_group()
@@ -143,8 +144,10 @@ dist.destroy_process_group()
 
 def test_ddp_ranks_merge_to_the_single_process_result(tmp_path):
     out = tmp_path / "records.pt"
-    procs = [subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(r), "2", str(out)], env={**os.environ})
-             for r in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", DDP_SCRIPT, str(r), "2", str(out)], env={**os.environ})
+        for r in range(2)
+    ]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
     model.init_weights(3)
@@ -154,7 +157,9 @@ def test_ddp_ranks_merge_to_the_single_process_result(tmp_path):
     single = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, same_batches).records(0)
     for a, b in zip(single, torch.load(out, weights_only=False), strict=True):
         assert a["count"] == b["count"] and a["max_deg"] == b["max_deg"]
-        assert a["mean_deg"] == pytest.approx(b["mean_deg"], rel=1e-9) and a["std_deg"] == pytest.approx(b["std_deg"], rel=1e-9)
+        assert a["mean_deg"] == pytest.approx(b["mean_deg"], rel=1e-9) and a["std_deg"] == pytest.approx(
+            b["std_deg"], rel=1e-9
+        )
 
 
 # -- Hugging Face architectures: hooks on the right modules
@@ -165,10 +170,20 @@ def tiny_hf(model_type):
     common = dict(vocab_size=50257, num_hidden_layers=2, num_attention_heads=4)
     configs = {
         "gpt2": transformers.GPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
-        "gpt_neo": transformers.GPTNeoConfig(vocab_size=50257, num_layers=2, num_heads=4, hidden_size=32,
-                                             attention_types=[[["global", "local"], 1]], max_position_embeddings=64),
-        "gptj": transformers.GPTJConfig(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64),
-        "gpt_neox": transformers.GPTNeoXConfig(**common, hidden_size=32, intermediate_size=64, max_position_embeddings=64),
+        "gpt_neo": transformers.GPTNeoConfig(
+            vocab_size=50257,
+            num_layers=2,
+            num_heads=4,
+            hidden_size=32,
+            attention_types=[[["global", "local"], 1]],
+            max_position_embeddings=64,
+        ),
+        "gptj": transformers.GPTJConfig(
+            vocab_size=50257, n_layer=2, n_head=4, n_embd=32, rotary_dim=4, n_positions=64
+        ),
+        "gpt_neox": transformers.GPTNeoXConfig(
+            **common, hidden_size=32, intermediate_size=64, max_position_embeddings=64
+        ),
         "llama": transformers.LlamaConfig(**common, hidden_size=32, intermediate_size=64, max_position_embeddings=64),
     }
     torch.manual_seed(0)
@@ -189,26 +204,60 @@ def test_hooks_land_on_the_norm_modules_of_every_architecture(model_type):
     ids = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
-    stats = measure(lambda i, m: model.base_model(input_ids=i, attention_mask=m), sites, 32,
-                    [(ids, torch.ones_like(ids, dtype=torch.bool))])
+    stats = measure(
+        lambda i, m: model.base_model(input_ids=i, attention_mask=m),
+        sites,
+        32,
+        [(ids, torch.ones_like(ids, dtype=torch.bool))],
+    )
     probe = AngleProbe(sites, 32)
     for layer in range(2):
-        direct = torch.rad2deg(torch.acos(hidden[layer].flatten(0, 1) @ probe.references[0]
-                                          / (hidden[layer].flatten(0, 1).norm(dim=1) * math.sqrt(32))))
-        row = next(r for r in stats.records(0) if r["layer"] == layer and r["site"] == "attn_norm.input"
-                   and r["reference"] == "uniform" and r["position"] == "all")
+        direct = torch.rad2deg(
+            torch.acos(
+                hidden[layer].flatten(0, 1)
+                @ probe.references[0]
+                / (hidden[layer].flatten(0, 1).norm(dim=1) * math.sqrt(32))
+            )
+        )
+        row = next(
+            r
+            for r in stats.records(0)
+            if r["layer"] == layer
+            and r["site"] == "attn_norm.input"
+            and r["reference"] == "uniform"
+            and r["position"] == "all"
+        )
         assert row["mean_deg"] == pytest.approx(direct.double().mean().item(), abs=1e-4)
     if model_type == "gpt_neox":  # parallel residual: both norms read the same h
-        rows = {(r["layer"], r["site"]): r["mean_deg"] for r in stats.records(0) if r["reference"] == "uniform" and r["position"] == "all"}
+        rows = {
+            (r["layer"], r["site"]): r["mean_deg"]
+            for r in stats.records(0)
+            if r["reference"] == "uniform" and r["position"] == "all"
+        }
         assert rows[(0, "attn_norm.input")] == pytest.approx(rows[(0, "mlp_norm.input")], abs=1e-9)
 
 
 def test_normlab_angles_reads_a_local_hugging_face_directory(prepared, tmp_path):
     model = tiny_hf("gpt2")
     model.save_pretrained(tmp_path / "tiny-gpt2")
-    result = run_cli("normlab-angles", str(tmp_path / "tiny-gpt2"), "--tokens", "2048", "--seq-len", "64",
-                     "--out", str(tmp_path / "angles.csv"), "--probe-dir", str(prepared))
+    result = run_cli(
+        "normlab-angles",
+        str(tmp_path / "tiny-gpt2"),
+        "--tokens",
+        "2048",
+        "--seq-len",
+        "64",
+        "--out",
+        str(tmp_path / "angles.csv"),
+        "--probe-dir",
+        str(prepared),
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = read_csv(tmp_path / "angles.csv")
-    assert {r["site"] for r in rows} >= {"attn_norm.input", "mlp_norm.output", "final_norm.input", "attn_norm.rotation"}
+    assert {r["site"] for r in rows} >= {
+        "attn_norm.input",
+        "mlp_norm.output",
+        "final_norm.input",
+        "attn_norm.rotation",
+    }
     assert {r["count"] for r in rows if r["position"] == "all"} == {2048}

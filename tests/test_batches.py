@@ -23,7 +23,9 @@ def test_ranks_share_each_epoch_with_no_overlap_and_no_gap(world_size):
         streams = [list(s) for s in ranks]
         assert len({len(s) for s in streams}) == 1  # ranks stay in step
         # global batch g = micro-batch g of rank 0, then of rank 1, ...: the permutation itself, in order
-        interleaved = [w for g in range(len(streams[0]) // batch) for s in streams for w in s[g * batch : (g + 1) * batch]]
+        interleaved = [
+            w for g in range(len(streams[0]) // batch) for s in streams for w in s[g * batch : (g + 1) * batch]
+        ]
         order = ranks[0].order(epoch)
         usable = windows // (batch * world_size) * batch * world_size
         assert interleaved == order[:usable].tolist()
@@ -58,8 +60,15 @@ class Recorder(L.Callback):
 
 
 def fit(cfg, recorder, ckpt_path=None):
-    trainer = instantiate(cfg.trainer, callbacks=[recorder], logger=False, enable_checkpointing=False,
-                          enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = instantiate(
+        cfg.trainer,
+        callbacks=[recorder],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(build_module(cfg), datamodule=instantiate(cfg.data), ckpt_path=ckpt_path)
     return recorder.steps
 
@@ -67,9 +76,18 @@ def fit(cfg, recorder, ckpt_path=None):
 def test_resume_mid_epoch_continues_the_exact_sequence(local_corpus, tmp_path):
     tokens = json.loads((local_corpus / "meta.json").read_text())["splits"]["train"]["tokens"]
     per_epoch = (tokens - 1) // 64 // 4  # batches of 4 windows of 64 tokens
-    cfg = compose_config("train", [*local_corpus_config(local_corpus), "model.n_layer=1", "model.block_size=64",
-                                   "data.batch_size=4", "data.val_tokens=64", f"trainer.max_steps={5 * per_epoch // 2}",
-                                   f"run_dir={tmp_path}"])
+    cfg = compose_config(
+        "train",
+        [
+            *local_corpus_config(local_corpus),
+            "model.n_layer=1",
+            "model.block_size=64",
+            "data.batch_size=4",
+            "data.val_tokens=64",
+            f"trainer.max_steps={5 * per_epoch // 2}",
+            f"run_dir={tmp_path}",
+        ],
+    )
     uninterrupted = fit(cfg, Recorder())
     epochs = [e for _, e, _, _ in uninterrupted]
     assert epochs[-1] == 2  # the run crosses two epoch boundaries
@@ -78,4 +96,6 @@ def test_resume_mid_epoch_continues_the_exact_sequence(local_corpus, tmp_path):
     second = fit(cfg, Recorder(), ckpt_path=tmp_path / "mid.ckpt")
     assert [s[:3] for s in first + second] == [s[:3] for s in uninterrupted]  # same batches, same order
     assert [s[3] for s in first + second] == [s[3] for s in uninterrupted]  # and the same losses, bit for bit
-    assert torch.load(tmp_path / "mid.ckpt", weights_only=False)["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"epoch": 1, "consumed": stop - per_epoch}]
+    assert torch.load(tmp_path / "mid.ckpt", weights_only=False)["loops"]["fit_loop"]["state_dict"][
+        "combined_loader"
+    ] == [{"epoch": 1, "consumed": stop - per_epoch}]

@@ -16,7 +16,9 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert table.startswith("normlab-bench framework norms step prepare angles: torch ")
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M)[1:])  # after the header row
     norm_rows = [k for k in rows if k.startswith("norm forward+backward")]
-    assert len(norm_rows) == 8 and all("d=512" in k or "d=768" in k or "d=1024" in k or "d=2048" in k for k in norm_rows)
+    assert len(norm_rows) == 8 and all(
+        "d=512" in k or "d=768" in k or "d=1024" in k or "d=2048" in k for k in norm_rows
+    )
     assert all(re.match(r"RMSNorm / LayerNorm \d+\.\d\d \(target <= 1\)", rows[k]) for k in norm_rows)
     assert re.match(r"\d\.\d{3} \(target <= 1\)", rows["training step RMS / LN (70m (2 layers), 4x256 tokens, cpu)"])
     framework = next(v for k, v in rows.items() if k.startswith("normlab-train / plain PyTorch loop"))

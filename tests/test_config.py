@@ -33,10 +33,13 @@ def test_run_directory_names_every_setting_that_shapes_the_run():
     assert run_dir("norm=rmsnorm", "seed=3", "trainer.max_steps=800", "model.lr=3e-3") == \
         f"{base}-model.lr=0.003,trainer.max_steps=800"
     # long or unsafe in a file name: shortened, with a hash of the whole, so that every job of a sweep differs
-    long = run_dir("norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/name")
+    long = run_dir(
+        "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/name"
+    )
     assert long.startswith(f"{base}-every=50,data=hub,path=org_name-") and len(long.rsplit("-", 1)[1]) == 8
-    assert long != run_dir("norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50",
-                           "data=hub", "data.source.path=org/other")
+    assert long != run_dir(
+        "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/other"
+    )
 
 
 def test_demo_experiment_sweeps_both_norms_on_the_tiny_model():

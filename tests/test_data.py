@@ -62,7 +62,9 @@ def test_windows_are_consecutive_tokens_with_shifted_targets(prepared):
     tokens = np.fromfile(prepared / "train.bin", dtype=np.uint16)
     x, y = dm.train_windows[3]
     seq = dm.seq_len
-    assert np.array_equal(x.numpy(), tokens[3 * seq : 4 * seq]) and np.array_equal(y.numpy(), tokens[3 * seq + 1 : 4 * seq + 1])
+    assert np.array_equal(x.numpy(), tokens[3 * seq : 4 * seq]) and np.array_equal(
+        y.numpy(), tokens[3 * seq + 1 : 4 * seq + 1]
+    )
     assert len(dm.val_windows) == dm.val_tokens // seq
 
 
@@ -89,7 +91,10 @@ def test_tokenizer_uses_tiktokens_cache_or_a_given_file_offline(prepared, tmp_pa
     cache = tmp_path / "cache"
     cache.mkdir()
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
-    shutil.copy(tokenizer.DATA_DIR / "tokenizer" / "gpt2.tiktoken", cache / hashlib.sha1(tokenizer.TIKTOKEN_URL.encode()).hexdigest())
+    shutil.copy(
+        tokenizer.DATA_DIR / "tokenizer" / "gpt2.tiktoken",
+        cache / hashlib.sha1(tokenizer.TIKTOKEN_URL.encode()).hexdigest(),
+    )
     assert tokenizer.gpt2().encode_ordinary("Hello world") == [15496, 995]
     given = shutil.copy(tokenizer.DATA_DIR / "tokenizer" / "gpt2.tiktoken", tmp_path / "ranks.tiktoken")
     assert tokenizer.gpt2(given).encode_ordinary("Hello world") == [15496, 995]

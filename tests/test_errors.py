@@ -82,51 +82,161 @@ def damaged_full_checkpoints(run: Path, finished: Path) -> None:
 # id: (arguments, what to do first to the data copy or the run directory, extra environment, expected fragments)
 CASES = {
     "unknown model": (["model=7m"], None, {}, ["unknown model '7m': choose one of 160m, 1b, 410m, 70m, tiny"]),
-    "unknown norm in a sweep": (["-m", "norm=layernorm,batchnorm"], None, {}, ["unknown norm 'batchnorm'", "layernorm, rmsnorm"]),
+    "unknown norm in a sweep": (
+        ["-m", "norm=layernorm,batchnorm"],
+        None,
+        {},
+        ["unknown norm 'batchnorm'", "layernorm, rmsnorm"],
+    ),
     "unknown experiment": (["experiment=paper_7b"], None, {}, ["unknown experiment 'paper_7b'", "paper_410m"]),
-    "heads do not divide the width": (["model.n_head=5"], None, {}, ["model.n_embd=64 is not divisible by model.n_head=5"]),
-    "global batch does not divide": (["experiment=paper_70m", "trainer.accelerator=cpu", "trainer.devices=3"], None, {},
-                                     ["global_batch_size=64 is not a multiple of data.batch_size=2 x trainer.devices=3"]),
-    "Slurm tasks != devices": ([], None, {"SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NAME": "train"},
-                               ["Slurm runs 4 tasks per node but trainer.devices=1", "--ntasks-per-node"]),
-    "data not prepared": (["data.dir={tmp}/nothing"], None, {}, ["data 'embedded' is not prepared", "normlab-prepare data=embedded"]),
+    "heads do not divide the width": (
+        ["model.n_head=5"],
+        None,
+        {},
+        ["model.n_embd=64 is not divisible by model.n_head=5"],
+    ),
+    "global batch does not divide": (
+        ["experiment=paper_70m", "trainer.accelerator=cpu", "trainer.devices=3"],
+        None,
+        {},
+        ["global_batch_size=64 is not a multiple of data.batch_size=2 x trainer.devices=3"],
+    ),
+    "Slurm tasks != devices": (
+        [],
+        None,
+        {"SLURM_NTASKS_PER_NODE": "4", "SLURM_JOB_NAME": "train"},
+        ["Slurm runs 4 tasks per node but trainer.devices=1", "--ntasks-per-node"],
+    ),
+    "data not prepared": (
+        ["data.dir={tmp}/nothing"],
+        None,
+        {},
+        ["data 'embedded' is not prepared", "normlab-prepare data=embedded"],
+    ),
     "truncated token file": ([], truncate, {}, ["train.bin holds 500 tokens, its metadata says", "truncated"]),
     "corrupt token file": ([], out_of_vocabulary, {}, ["holds token 60000 at position 12345, outside the vocabulary"]),
     "checksum mismatch": (["data.verify_checksums=true"], changed_token, {}, ["train.bin does not match the sha256"]),
     "other tokenizer": ([], other_tokenizer, {}, ["tokenized with cl100k_base", "expects GPT-2"]),
-    "probe smaller than asked": (["probe.tokens=10000000"], None, {}, ["fewer than the 10,000,000 asked", "lower probe.tokens"]),
-    "val_tokens too large": (["data.val_tokens=10000000"], None, {}, ["data.val_tokens=10000000 but the validation split"]),
-    "checkpoint step without validation": (["callbacks.scheduled_checkpoints.every=3"], None, {},
-                                           ["checkpoint step 3 is not a validation step (trainer.val_check_interval=2)"]),
-    "unwritable output directory": (["run_dir={tmp}/a-file/run"], None, {},
-                                    ["cannot write the output directory", "a-file: not a directory", "writable run_dir="]),
-    "resume with a changed model shape": (["model.n_embd=32"], earlier_run, {},
-                                          ["holds checkpoints of another config (model.n_embd: 64 -> 32)", "restart=true"]),
+    "probe smaller than asked": (
+        ["probe.tokens=10000000"],
+        None,
+        {},
+        ["fewer than the 10,000,000 asked", "lower probe.tokens"],
+    ),
+    "val_tokens too large": (
+        ["data.val_tokens=10000000"],
+        None,
+        {},
+        ["data.val_tokens=10000000 but the validation split"],
+    ),
+    "checkpoint step without validation": (
+        ["callbacks.scheduled_checkpoints.every=3"],
+        None,
+        {},
+        ["checkpoint step 3 is not a validation step (trainer.val_check_interval=2)"],
+    ),
+    "unwritable output directory": (
+        ["run_dir={tmp}/a-file/run"],
+        None,
+        {},
+        ["cannot write the output directory", "a-file: not a directory", "writable run_dir="],
+    ),
+    "resume with a changed model shape": (
+        ["model.n_embd=32"],
+        earlier_run,
+        {},
+        ["holds checkpoints of another config (model.n_embd: 64 -> 32)", "restart=true"],
+    ),
     "checkpoints without config.yaml": ([], checkpoints_without_config, {}, ["holds checkpoints but no config.yaml"]),
     "damaged config.yaml": ([], damaged_config, {}, ["config.yaml is damaged (", "restore it, or restart=true"]),
-    "no intact full checkpoint": ([], damaged_full_checkpoints, {}, ["has no intact full checkpoint to resume from",
-                                                                     "restart=true moves this run aside"]),
+    "no intact full checkpoint": (
+        [],
+        damaged_full_checkpoints,
+        {},
+        ["has no intact full checkpoint to resume from", "restart=true moves this run aside"],
+    ),
     "seed not a number": (["seed=abc"], None, {}, ["seed=abc: give a whole number from 0 to 2**32 - 1"]),
     "negative seed": (["seed=-1"], None, {}, ["seed=-1: give a whole number from 0 to 2**32 - 1"]),
-    "negative learning rate": (["optimizer.lr=-1"], None, {}, ["optimizer.lr=-1 (model.lr): give a positive learning rate"]),
-    "warm-up beyond the run": (["schedule.warmup_fraction=1.5"], None, {},
-                               ["schedule.warmup_fraction=1.5: give a number between 0 and 1"]),
-    "negative minimum lr": (["schedule.min_lr_ratio=-0.1"], None, {}, ["schedule.min_lr_ratio=-0.1: give a number between 0 and 1"]),
-    "no validation interval": (["trainer.val_check_interval=0"], None, {},
-                               ["trainer.val_check_interval=0: give a positive whole number"]),
-    "no checkpoint interval": (["callbacks.scheduled_checkpoints.every=0"], None, {},
-                               ["callbacks.scheduled_checkpoints.every=0: give a positive number of steps"]),
-    "empty batch": (["data.batch_size=0"], None, {}, ["data.batch_size=0: give a positive number of sequences per device"]),
-    "negative validation tokens": (["data.val_tokens=-5"], None, {}, ["data.val_tokens=-5: validation needs at least one"]),
-    "no validation tokens": (["data.val_tokens=0"], None, {}, ["data.val_tokens=0: validation needs at least one sequence"]),
-    "no probe tokens": (["probe.tokens=0"], None, {}, ["probe.tokens=0 is less than one sequence of the model's context"]),
+    "negative learning rate": (
+        ["optimizer.lr=-1"],
+        None,
+        {},
+        ["optimizer.lr=-1 (model.lr): give a positive learning rate"],
+    ),
+    "warm-up beyond the run": (
+        ["schedule.warmup_fraction=1.5"],
+        None,
+        {},
+        ["schedule.warmup_fraction=1.5: give a number between 0 and 1"],
+    ),
+    "negative minimum lr": (
+        ["schedule.min_lr_ratio=-0.1"],
+        None,
+        {},
+        ["schedule.min_lr_ratio=-0.1: give a number between 0 and 1"],
+    ),
+    "no validation interval": (
+        ["trainer.val_check_interval=0"],
+        None,
+        {},
+        ["trainer.val_check_interval=0: give a positive whole number"],
+    ),
+    "no checkpoint interval": (
+        ["callbacks.scheduled_checkpoints.every=0"],
+        None,
+        {},
+        ["callbacks.scheduled_checkpoints.every=0: give a positive number of steps"],
+    ),
+    "empty batch": (
+        ["data.batch_size=0"],
+        None,
+        {},
+        ["data.batch_size=0: give a positive number of sequences per device"],
+    ),
+    "negative validation tokens": (
+        ["data.val_tokens=-5"],
+        None,
+        {},
+        ["data.val_tokens=-5: validation needs at least one"],
+    ),
+    "no validation tokens": (
+        ["data.val_tokens=0"],
+        None,
+        {},
+        ["data.val_tokens=0: validation needs at least one sequence"],
+    ),
+    "no probe tokens": (
+        ["probe.tokens=0"],
+        None,
+        {},
+        ["probe.tokens=0 is less than one sequence of the model's context"],
+    ),
     "probe shorter than a sequence": (["probe.tokens=100"], None, {}, ["probe.tokens=100 is less than one sequence"]),
-    "batch larger than the data": (["data.batch_size=20000"], None, {},
-                                   ["an optimizer step takes 20000 sequences of 128 tokens, but the training split"]),
-    "GPU asked on a machine without": (["trainer=gpu"], None, {}, ["trainer.accelerator=gpu but this machine has no GPU"]),
+    "batch larger than the data": (
+        ["data.batch_size=20000"],
+        None,
+        {},
+        ["an optimizer step takes 20000 sequences of 128 tokens, but the training split"],
+    ),
+    "GPU asked on a machine without": (
+        ["trainer=gpu"],
+        None,
+        {},
+        ["trainer.accelerator=gpu but this machine has no GPU"],
+    ),
     "unknown model key": (["+model.n_layers=2"], None, {}, ["unknown key model.n_layers (added with +?)"]),
-    "unknown data key": (["+data.shuffle=true"], None, {}, ["unknown key data.shuffle", "TokenDataModule has no parameter"]),
-    "unknown optimizer key": (["+optimizer.momentum=0.9"], None, {}, ["unknown key optimizer.momentum", "torch.optim.AdamW"]),
+    "unknown data key": (
+        ["+data.shuffle=true"],
+        None,
+        {},
+        ["unknown key data.shuffle", "TokenDataModule has no parameter"],
+    ),
+    "unknown optimizer key": (
+        ["+optimizer.momentum=0.9"],
+        None,
+        {},
+        ["unknown key optimizer.momentum", "torch.optim.AdamW"],
+    ),
     "empty run_dir": (["run_dir="], None, {}, ["run_dir is empty: give the run's directory"]),
     "meta.json not an object": ([], empty_meta, {}, ["meta.json is malformed (a JSON list, not an object)"]),
     "meta.json without splits": ([], meta_without_splits, {}, ["meta.json is malformed (no 'splits' object)"]),
@@ -139,14 +249,23 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, prepared, finish
     data, run = Path(shutil.copytree(prepared, tmp_path / "embedded")), tmp_path / "run"
     (tmp_path / "a-file").write_text("a file where a directory is expected\n")
     if damage in (earlier_run, checkpoints_without_config, damaged_config, damaged_full_checkpoints):
-        damage(run, finished_run)  # a copy of a finished run: its run_dir inside config.yaml differs, as for a moved run
+        damage(
+            run, finished_run
+        )  # a copy of a finished run: its run_dir inside config.yaml differs, as for a moved run
     elif damage:
         damage(data)
     before = snapshot(tmp_path)
 
     run_dir = [] if "run_dir=" in args else [f"run_dir={run}"]
-    result = run_cli("normlab-train", *run_dir, f"data.dir={data}", f"probe.dir={data}", *FAST_TRAIN,
-                     *[a.format(tmp=tmp_path) for a in args], env=env)
+    result = run_cli(
+        "normlab-train",
+        *run_dir,
+        f"data.dir={data}",
+        f"probe.dir={data}",
+        *FAST_TRAIN,
+        *[a.format(tmp=tmp_path) for a in args],
+        env=env,
+    )
 
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = result.stderr.strip().splitlines()
@@ -162,8 +281,20 @@ def test_unreadable_token_file_is_one_line_exit_2_and_changes_nothing(prepared, 
     (data / "train.bin").chmod(0)
     before = snapshot(tmp_path)
     without_root_powers = ["setpriv", "--bounding-set=-all", "--"] if os.geteuid() == 0 else []
-    result = subprocess.run([*without_root_powers, str(BIN / "normlab-train"), f"run_dir={run}", f"data.dir={data}",
-                             f"probe.dir={data}", *FAST_TRAIN], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            *without_root_powers,
+            str(BIN / "normlab-train"),
+            f"run_dir={run}",
+            f"data.dir={data}",
+            f"probe.dir={data}",
+            *FAST_TRAIN,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"normlab-train: error: cannot read {data}/train.bin (Permission denied): check its permissions"]
+        f"normlab-train: error: cannot read {data}/train.bin (Permission denied): check its permissions"
+    ]
     assert snapshot(tmp_path) == before

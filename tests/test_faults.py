@@ -21,15 +21,30 @@ from conftest import BIN
 from train.run_dir import RunDirError, verify
 
 VAL_EVERY = 3
-RUN = ["model.n_layer=2", "model.dropout=0.1", "data.batch_size=2", "data.val_tokens=1024", "probe.tokens=4096",
-       "trainer.max_steps=36", f"trainer.val_check_interval={VAL_EVERY}", "callbacks.scheduled_checkpoints.every=12",
-       "callbacks.scheduled_checkpoints.dense_until=12", "callbacks.scheduled_checkpoints.sparse_every=12", "logger=csv"]
+RUN = [
+    "model.n_layer=2",
+    "model.dropout=0.1",
+    "data.batch_size=2",
+    "data.val_tokens=1024",
+    "probe.tokens=4096",
+    "trainer.max_steps=36",
+    f"trainer.val_check_interval={VAL_EVERY}",
+    "callbacks.scheduled_checkpoints.every=12",
+    "callbacks.scheduled_checkpoints.dense_until=12",
+    "callbacks.scheduled_checkpoints.sparse_every=12",
+    "logger=csv",
+]
 TIMING = ("train/tokens_per_sec", "train/tokens_per_sec_per_device")  # wall-clock measurements differ run to run
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "normlab-train"), *args, *RUN], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "WANDB_MODE": "offline"})
+    return subprocess.Popen(
+        [str(BIN / "normlab-train"), *args, *RUN],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
 
 
 def finish(process: subprocess.Popen, expected: int = 0) -> str:
@@ -163,8 +178,10 @@ def test_sigterm_saves_the_step_exits_143_and_a_copied_damaged_run_resumes_exact
     process.send_signal(signal.SIGTERM)
     err = finish(process, 128 + signal.SIGTERM)
     stopped_at = logged_steps(run)
-    assert err.strip().splitlines()[-1] == (f"normlab-train: error: SIGTERM: saved {run}/checkpoints/last.ckpt at "
-                                            f"step {stopped_at}; run the same command to resume from it")
+    assert err.strip().splitlines()[-1] == (
+        f"normlab-train: error: SIGTERM: saved {run}/checkpoints/last.ckpt at "
+        f"step {stopped_at}; run the same command to resume from it"
+    )
     assert verify(run / "checkpoints" / "last.ckpt").step == stopped_at  # nothing lost: the step it was in is saved
 
     copy = Path(shutil.copytree(run, tmp_path / "copy"))
@@ -225,7 +242,9 @@ def test_corrupted_checkpoints_are_skipped_for_the_previous_one_and_rewritten(wh
     run = Path(shutil.copytree(whole, tmp_path / "run"))
     flip_bytes(run / "checkpoints" / "last.ckpt")
     flip_bytes(run / "checkpoints" / "step-0000036.ckpt")
-    torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)  # still loads: only the digest tells
+    torch.load(
+        run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True
+    )  # still loads: only the digest tells
     err = finish(start(f"run_dir={run}"))
     assert f"{run}/checkpoints/last.ckpt does not match the sha256 in its digest file" in err
     assert resumed_step(err, run) == 36 - VAL_EVERY  # previous.ckpt: one validation interval of work

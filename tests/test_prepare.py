@@ -28,8 +28,13 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1"}
 def test_tokenizer_is_tiktokens_gpt2(prepared):
     ours = tokenizer.gpt2()
     # tiktoken's own GPT-2 split pattern and special token, with the ranks from our hash-checked file
-    reference = tiktoken.Encoding(name="ref", pat_str=openai_public.r50k_pat_str, special_tokens={"<|endoftext|>": 50256},
-                                  mergeable_ranks=ours._mergeable_ranks, explicit_n_vocab=50257)
+    reference = tiktoken.Encoding(
+        name="ref",
+        pat_str=openai_public.r50k_pat_str,
+        special_tokens={"<|endoftext|>": 50256},
+        mergeable_ranks=ours._mergeable_ranks,
+        explicit_n_vocab=50257,
+    )
     assert ours.encode_ordinary("Hello world") == [15496, 995]
     assert ours.encode_ordinary("Hello, my dog is cute") == [15496, 11, 616, 3290, 318, 13779]
     assert ours.encode("<|endoftext|>", allowed_special="all") == [50256]
@@ -46,7 +51,9 @@ def test_prepared_corpus_round_trips_to_its_documents(local_corpus):
         info = meta["splits"][split]
         tokens = np.fromfile(local_corpus / info["file"], dtype=np.uint16)
         assert tokens.size == info["tokens"] and info["documents"] == expected_docs
-        assert info["max_token"] == tokens.max() and tokenizer.sha256_file(local_corpus / info["file"]) == info["sha256"]
+        assert (
+            info["max_token"] == tokens.max() and tokenizer.sha256_file(local_corpus / info["file"]) == info["sha256"]
+        )
         text = enc.decode(tokens.tolist())
         docs = text.split("<|endoftext|>")
         assert docs[-1] == "" and len(docs) - 1 == expected_docs  # an EOT after every document
@@ -57,15 +64,22 @@ def test_prepared_corpus_round_trips_to_its_documents(local_corpus):
 
 
 def test_validation_split_is_deterministic(local_corpus, tmp_path):
-    result = run_cli("normlab-prepare", *local_corpus_config(local_corpus), f"data.dir={tmp_path}", env={"HF_DATASETS_OFFLINE": "1"})
+    result = run_cli(
+        "normlab-prepare", *local_corpus_config(local_corpus), f"data.dir={tmp_path}", env={"HF_DATASETS_OFFLINE": "1"}
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     for split in ("train.bin", "val.bin"):
         assert (tmp_path / split).read_bytes() == (local_corpus / split).read_bytes()
 
 
 def test_probe_set_is_the_first_tokens_of_the_documents_in_order(tmp_path, local_corpus):
-    result = run_cli("normlab-prepare", *local_corpus_config(local_corpus), f"data.dir={tmp_path}",
-                     "+data.source.probe_tokens=700", env={"HF_DATASETS_OFFLINE": "1"})
+    result = run_cli(
+        "normlab-prepare",
+        *local_corpus_config(local_corpus),
+        f"data.dir={tmp_path}",
+        "+data.source.probe_tokens=700",
+        env={"HF_DATASETS_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     enc = tokenizer.gpt2()
     expected = [t for doc in DOCS for t in enc.encode_ordinary(doc) + [tokenizer.EOT]][:700]
@@ -75,8 +89,12 @@ def test_probe_set_is_the_first_tokens_of_the_documents_in_order(tmp_path, local
 
 def test_hub_dataset_offline_fails_at_once_with_the_way_out(tmp_path):
     started = time.perf_counter()
-    result = run_cli("normlab-prepare", "data=openwebtext", f"data.dir={tmp_path / 'owt'}",
-                     env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    result = run_cli(
+        "normlab-prepare",
+        "data=openwebtext",
+        f"data.dir={tmp_path / 'owt'}",
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+    )
     assert time.perf_counter() - started < 30
     assert result.returncode == 2, result.stderr
     (line,) = result.stderr.strip().splitlines()
@@ -85,7 +103,9 @@ def test_hub_dataset_offline_fails_at_once_with_the_way_out(tmp_path):
 
 
 def test_missing_local_file_is_named(tmp_path):
-    result = run_cli("normlab-prepare", "data=files", f"data.source.files=[{tmp_path}/nope.jsonl]", f"data.dir={tmp_path}/out")
+    result = run_cli(
+        "normlab-prepare", "data=files", f"data.source.files=[{tmp_path}/nope.jsonl]", f"data.dir={tmp_path}/out"
+    )
     assert result.returncode == 2 and f"no such file {tmp_path}/nope.jsonl" in result.stderr
 
 
@@ -116,8 +136,13 @@ def good_corpus(local_corpus, tmp_path) -> Path:
 
 def test_failed_prepare_leaves_the_old_corpus_as_it_was(local_corpus, good_corpus):
     before = snapshot(good_corpus)
-    result = run_cli("normlab-prepare", *local_corpus_config(local_corpus), f"data.dir={good_corpus}",
-                     "+data.source.probe_tokens=10000000", env=OFFLINE)  # fails after writing probe.bin
+    result = run_cli(
+        "normlab-prepare",
+        *local_corpus_config(local_corpus),
+        f"data.dir={good_corpus}",
+        "+data.source.probe_tokens=10000000",
+        env=OFFLINE,
+    )  # fails after writing probe.bin
     assert "fewer than probe_tokens=10,000,000" in error_line(result)
     assert snapshot(good_corpus) == before and not staging_dirs(good_corpus)
 
@@ -127,8 +152,13 @@ def test_killed_prepare_leaves_the_old_corpus_and_the_next_prepare_its_leftovers
     big = tmp_path / "big.jsonl"
     big.write_text("".join(json.dumps({"body": DOCS[i % len(DOCS)]}) + "\n" for i in range(20000)))
     config = [*local_corpus_config(local_corpus), f"data.dir={good_corpus}", f"data.source.files=[{big}]"]
-    with subprocess.Popen([BIN / "normlab-prepare", *config], env={**os.environ, **OFFLINE}, start_new_session=True,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as killed:
+    with subprocess.Popen(
+        [BIN / "normlab-prepare", *config],
+        env={**os.environ, **OFFLINE},
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    ) as killed:
         deadline = time.monotonic() + 120
         while not any(any(d.iterdir()) for d in staging_dirs(good_corpus)):  # until tokens are being written
             assert killed.poll() is None and time.monotonic() < deadline, "the prepare ended before it could be killed"
@@ -146,8 +176,13 @@ def test_leftovers_of_dead_prepares_are_removed_or_put_back(tmp_path, capsys):
     dead.wait()
     here = f"{prepare.HOST}-"
     running, elsewhere = f".corpus.staging-{here}{os.getppid()}", ".corpus.staging-elsewhere-1"
-    for name in (f".corpus.staging-{here}{dead.pid}", f".corpus.old-{here}{dead.pid}",
-                 f".corpus.staging-{here}{os.getpid()}", running, elsewhere):  # our pid: a dead prepare's, reused
+    for name in (
+        f".corpus.staging-{here}{dead.pid}",
+        f".corpus.old-{here}{dead.pid}",
+        f".corpus.staging-{here}{os.getpid()}",
+        running,
+        elsewhere,
+    ):  # our pid: a dead prepare's, reused
         (tmp_path / name).mkdir()
         (tmp_path / name / "meta.json").write_text(name)
     prepare.remove_leftovers(tmp_path / "corpus")
@@ -158,8 +193,9 @@ def test_leftovers_of_dead_prepares_are_removed_or_put_back(tmp_path, capsys):
 
 def test_directory_holding_other_files_is_not_replaced(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    config = compose_config("prepare", ["data=files", f"data.dir={tmp_path}",
-                                        f"data.source.files=[{tmp_path}/nope.jsonl]"])  # checked before the source
+    config = compose_config(
+        "prepare", ["data=files", f"data.dir={tmp_path}", f"data.source.files=[{tmp_path}/nope.jsonl]"]
+    )  # checked before the source
     with pytest.raises(DataError, match=r"holds notes.txt, which is not a corpus file.*give another data.dir="):
         prepare.prepare(config.data)
 
@@ -177,11 +213,22 @@ def test_unwritable_data_dir_fails_before_loading(tmp_path, where):
         if not shutil.which("setpriv"):
             pytest.skip("needs setpriv (util-linux) to drop root's capabilities")
         without_root_powers = ["setpriv", "--bounding-set=-all", "--"]
-    result = subprocess.run([*without_root_powers, BIN / "normlab-prepare", "data=files", f"data.dir={out}",
-                             f"data.source.files=[{tmp_path}/nope.jsonl]"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            *without_root_powers,
+            BIN / "normlab-prepare",
+            "data=files",
+            f"data.dir={out}",
+            f"data.source.files=[{tmp_path}/nope.jsonl]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     reason = f"{tmp_path / 'file'} is not a directory" if where == "under a file" else "Permission denied"
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"normlab-prepare: error: cannot write {out} ({reason}): give a writable data.dir= (or paths.data_dir=)"]
+        f"normlab-prepare: error: cannot write {out} ({reason}): give a writable data.dir= (or paths.data_dir=)"
+    ]
     assert not out.exists()
 
 
@@ -195,12 +242,19 @@ def test_bytes_not_utf8_are_named_by_line_and_column(tmp_path, format):
     lines.append(b'{"text": "Caf\xe9"}' if format == "json" else b"Caf\xe9")  # latin1 é
     source.write_bytes(b"\n".join(lines) + b"\n")
     out = tmp_path / "out"
-    result = run_cli("normlab-prepare", "data=files", f"data.source.format={format}", f"data.source.files=[{source}]",
-                     f"data.dir={out}", env=OFFLINE)
+    result = run_cli(
+        "normlab-prepare",
+        "data=files",
+        f"data.source.format={format}",
+        f"data.source.files=[{source}]",
+        f"data.dir={out}",
+        env=OFFLINE,
+    )
     column = 14 if format == "json" else 4
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         f"normlab-prepare: error: {source}, line 7: not UTF-8 (byte 0xe9 at column {column}): re-encode it as UTF-8 "
-        "(iconv -f latin1 -t utf-8) or give its encoding: +data.source.load_kwargs.encoding=latin1"]
+        "(iconv -f latin1 -t utf-8) or give its encoding: +data.source.load_kwargs.encoding=latin1"
+    ]
     assert not out.exists() and not staging_dirs(out)
 
 
@@ -209,8 +263,9 @@ def test_null_text_is_named_by_file_and_row(tmp_path):
     parts[0].write_text("".join(json.dumps({"text": d}) + "\n" for d in DOCS[:5]))
     parts[1].write_text("".join(json.dumps({"text": None if i == 3 else d}) + "\n" for i, d in enumerate(DOCS[5:10])))
     out = tmp_path / "out"
-    result = run_cli("normlab-prepare", "data=files", f"data.source.files=[{parts[0]},{parts[1]}]", f"data.dir={out}",
-                     env=OFFLINE)
+    result = run_cli(
+        "normlab-prepare", "data=files", f"data.source.files=[{parts[0]},{parts[1]}]", f"data.dir={out}", env=OFFLINE
+    )
     expected = f"{parts[1]}, row 4: the text column is null: fix or drop that row"
     assert error_line(result) == f"normlab-prepare: error: {expected}"
     assert not out.exists() and not staging_dirs(out)
@@ -223,8 +278,16 @@ def test_null_text_in_a_hub_dataset_is_named_by_row_index(tmp_path, monkeypatch,
     rows = [json.dumps({"text": None if i == 7 else d}) + "\n" for i, d in enumerate(DOCS)]
     (dataset / "data.jsonl").write_text("".join(rows))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    config = compose_config("prepare", ["data=hub", f"data.source.path={dataset}", f"data.dir={tmp_path}/out",
-                                        f"data.source.streaming={streaming}", "+data.source.probe_tokens=100000"])
+    config = compose_config(
+        "prepare",
+        [
+            "data=hub",
+            f"data.source.path={dataset}",
+            f"data.dir={tmp_path}/out",
+            f"data.source.streaming={streaming}",
+            "+data.source.probe_tokens=100000",
+        ],
+    )
     with pytest.raises(DataError, match=rf"^'{dataset}' \(train\), row index 7: the text column is null: fix or drop"):
         prepare.prepare(config.data)
     assert not (tmp_path / "out").exists() and not staging_dirs(tmp_path / "out")
@@ -239,8 +302,10 @@ def test_sdist_member_not_in_its_encoding_is_named(tmp_path, monkeypatch):
             tar.addfile(info, io.BytesIO(data))
     monkeypatch.setattr(prepare, "fetch_sdist", lambda requirement, downloads: archive)
     source = OmegaConf.create({"kind": "sdist", "package": "pkg==1.0", "glob": "pkg-1.0/texts/*.txt"})
-    expected = (f"{archive}: pkg-1.0/texts/b.txt, line 2: not UTF-8 (byte 0xe9 at column 4): give the encoding of the "
-                "files, e.g. +data.source.encoding=latin1")
+    expected = (
+        f"{archive}: pkg-1.0/texts/b.txt, line 2: not UTF-8 (byte 0xe9 at column 4): give the encoding of the "
+        "files, e.g. +data.source.encoding=latin1"
+    )
     with pytest.raises(DataError, match=f"^{re.escape(expected)}$"):
         prepare.load_documents("pkg", source)
     source.encoding = "latin1"
@@ -264,7 +329,9 @@ def test_token_outside_the_vocabulary(prepared_copy):
     tokens = np.memmap(prepared_copy / "train.bin", dtype=np.uint16, mode="r+")
     tokens[12345] = 60000
     tokens.flush()
-    with pytest.raises(DataError, match=r"train.bin holds token 60000 at position 12345, outside the vocabulary of 50257"):
+    with pytest.raises(
+        DataError, match=r"train.bin holds token 60000 at position 12345, outside the vocabulary of 50257"
+    ):
         datamodule(prepared_copy).verify()
 
 

@@ -33,7 +33,9 @@ def test_paper_experiments_compose_and_validate_without_allocating_weights(exper
     assert cfg.data.name == "openwebtext" and cfg.probe.split == "probe" and cfg.probe.tokens == 1_000_000
     accumulate = gradient_accumulation(cfg)
     assert cfg.data.batch_size * cfg.trainer.devices * cfg.trainer.num_nodes * accumulate == 64
-    schedule = checkpoint_steps(steps, **{k: cfg.callbacks.scheduled_checkpoints[k] for k in ("every", "dense_until", "sparse_every")})
+    schedule = checkpoint_steps(
+        steps, **{k: cfg.callbacks.scheduled_checkpoints[k] for k in ("every", "dense_until", "sparse_every")}
+    )
     assert schedule == [0, *range(1000, 10_001, 1000), *range(20_000, steps + 1, 10_000)]
     assert cfg.schedule.warmup_fraction == 0.01 and cfg.schedule.min_lr_ratio == 0.1
     with torch.device("meta"):
@@ -50,9 +52,14 @@ def test_global_batch_stays_64_on_other_hardware():
 
 def test_an_optimizer_step_sees_the_same_windows_whatever_the_device_split():
     def step_windows(world, accumulate, steps=5):
-        micro = [list(ShuffledWindows(200, 4, seed=3, rank=r, world_size=world, accumulate=accumulate)) for r in range(world)]
+        micro = [
+            list(ShuffledWindows(200, 4, seed=3, rank=r, world_size=world, accumulate=accumulate))
+            for r in range(world)
+        ]
         per_step = 4 * accumulate
-        return [sorted(w for r in range(world) for w in micro[r][s * per_step : (s + 1) * per_step]) for s in range(steps)]
+        return [
+            sorted(w for r in range(world) for w in micro[r][s * per_step : (s + 1) * per_step]) for s in range(steps)
+        ]
 
     assert step_windows(1, 4) == step_windows(2, 2) == step_windows(4, 1)
 
@@ -88,12 +95,28 @@ def step_losses(run_dir):
 
 
 def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prepared, tmp_path):
-    common = [*FAST_TRAIN, "global_batch_size=4", "probe.tokens=8192", "trainer.val_check_interval=3",
-              "callbacks.scheduled_checkpoints.every=3", "callbacks.scheduled_checkpoints.dense_until=3"]
-    one = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'one'}",  # 1 process, 2 micro-batches per step
-                  "callbacks.throughput.peak_flops=1e11")  # a made-up peak, so that MFU is logged on CPU too
-    two = run_cli("normlab-train", *common, f"run_dir={tmp_path / 'two'}", "trainer.accelerator=cpu",
-                  "trainer.devices=2", "trainer.strategy=ddp")  # 2 processes (gloo), 1 micro-batch each
+    common = [
+        *FAST_TRAIN,
+        "global_batch_size=4",
+        "probe.tokens=8192",
+        "trainer.val_check_interval=3",
+        "callbacks.scheduled_checkpoints.every=3",
+        "callbacks.scheduled_checkpoints.dense_until=3",
+    ]
+    one = run_cli(
+        "normlab-train",
+        *common,
+        f"run_dir={tmp_path / 'one'}",  # 1 process, 2 micro-batches per step
+        "callbacks.throughput.peak_flops=1e11",
+    )  # a made-up peak, so that MFU is logged on CPU too
+    two = run_cli(
+        "normlab-train",
+        *common,
+        f"run_dir={tmp_path / 'two'}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+    )  # 2 processes (gloo), 1 micro-batch each
     assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
     losses_one, losses_two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert sorted(losses_one) == sorted(losses_two) == list(range(6))
@@ -102,13 +125,24 @@ def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prep
     with open(tmp_path / "one" / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["train/mfu"]]
     flops_per_token = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=128), LayerNorm).flops_per_token()
-    assert len(rows) == 6 and all(float(r["train/mfu"]) == pytest.approx(
-        float(r["train/tokens_per_sec_per_device"]) * flops_per_token / 1e11, rel=1e-5) for r in rows)
+    assert len(rows) == 6 and all(
+        float(r["train/mfu"])
+        == pytest.approx(float(r["train/tokens_per_sec_per_device"]) * flops_per_token / 1e11, rel=1e-5)
+        for r in rows
+    )
     angles_one, angles_two = read_csv(tmp_path / "one" / "angles.csv"), read_csv(tmp_path / "two" / "angles.csv")
     assert len(angles_one) == len(angles_two) and {r["step"] for r in angles_one} == {0, 3, 6}
     for a, b in zip(angles_one, angles_two):
-        assert (a["step"], a["layer"], a["site"], a["reference"], a["count"]) == (b["step"], b["layer"], b["site"], b["reference"], b["count"])
-        assert b["mean_deg"] == pytest.approx(a["mean_deg"], abs=1e-4) and b["std_deg"] == pytest.approx(a["std_deg"], abs=1e-4)
+        assert (a["step"], a["layer"], a["site"], a["reference"], a["count"]) == (
+            b["step"],
+            b["layer"],
+            b["site"],
+            b["reference"],
+            b["count"],
+        )
+        assert b["mean_deg"] == pytest.approx(a["mean_deg"], abs=1e-4) and b["std_deg"] == pytest.approx(
+            a["std_deg"], abs=1e-4
+        )
 
 
 def test_activation_checkpointing_gives_the_same_loss_and_gradients():

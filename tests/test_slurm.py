@@ -15,9 +15,20 @@ from conftest import cluster_ready, needs_slurm, state, wait
 from train.paths import PROJECT_ROOT
 from train.run_dir import verify
 
-RUN = ["model.n_layer=2", "model.dropout=0.1", "data.batch_size=2", "data.val_tokens=1024", "trainer.max_steps=120", "trainer.val_check_interval=40",
-       "callbacks.scheduled_checkpoints.every=40", "callbacks.scheduled_checkpoints.dense_until=40",
-       "callbacks.scheduled_checkpoints.sparse_every=120", "logger=csv", "global_batch_size=4", "probe.tokens=4096"]
+RUN = [
+    "model.n_layer=2",
+    "model.dropout=0.1",
+    "data.batch_size=2",
+    "data.val_tokens=1024",
+    "trainer.max_steps=120",
+    "trainer.val_check_interval=40",
+    "callbacks.scheduled_checkpoints.every=40",
+    "callbacks.scheduled_checkpoints.dense_until=40",
+    "callbacks.scheduled_checkpoints.sparse_every=120",
+    "logger=csv",
+    "global_batch_size=4",
+    "probe.tokens=4096",
+]
 
 
 pytestmark = needs_slurm
@@ -25,8 +36,14 @@ pytestmark = needs_slurm
 
 def sbatch(run_dir: Path, log: Path) -> str:
     env = {**os.environ, "NORMLAB_VENV": sys.prefix}
-    result = subprocess.run(["sbatch", "--parsable", f"--output={log}", "slurm/tiny_cpu.sbatch", f"run_dir={run_dir}", *RUN],
-                            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        ["sbatch", "--parsable", f"--output={log}", "slurm/tiny_cpu.sbatch", f"run_dir={run_dir}", *RUN],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return result.stdout.strip().split(";")[0]
 
 
@@ -59,7 +76,9 @@ def test_usr1_requeues_the_job_which_resumes_and_ends_like_an_uninterrupted_run(
 
     log = (tmp_path / "cut.out").read_text()
     saved = re.search(r"SIGUSR1: saved \S+/checkpoints/last.ckpt at step (\d+); requeueing job", log)
-    assert saved and f"resuming {tmp_path / 'cut'} from checkpoints/last.ckpt at step {saved.group(1)}" in log, log[-3000:]
+    assert saved and f"resuming {tmp_path / 'cut'} from checkpoints/last.ckpt at step {saved.group(1)}" in log, log[
+        -3000:
+    ]
     resumed = losses(tmp_path / "cut")
     assert sorted(resumed) == list(range(120))  # no gap, no duplicate step
     assert resumed == reference  # every step's loss, bit for bit, the last one included
@@ -75,7 +94,11 @@ def test_sigterm_saves_and_ends_the_job_which_a_new_submission_resumes(reference
     log = (tmp_path / "first.out").read_text()
     saved = re.search(r"SIGTERM: saved \S+/checkpoints/last.ckpt at step (\d+); run the same command", log)
     assert saved and "requeue" not in log, log[-3000:]
-    assert verify(tmp_path / "run" / "checkpoints" / "last.ckpt").step == int(saved.group(1)) == len(losses(tmp_path / "run"))
+    assert (
+        verify(tmp_path / "run" / "checkpoints" / "last.ckpt").step
+        == int(saved.group(1))
+        == len(losses(tmp_path / "run"))
+    )
 
     second = sbatch(tmp_path / "run", tmp_path / "second.out")
     wait(lambda: state(second) == "", 300, "the second job")

@@ -28,7 +28,15 @@ TAG = "-dense_until=4,every=2,sparse_every=6,batch_size=2,v-b55e9e65"
 def sweep(prepared, tmp_path_factory) -> Path:
     """`normlab-train -m norm=layernorm,rmsnorm seed=0,1`: four runs, back to back, with Hydra's basic launcher."""
     out = tmp_path_factory.mktemp("checkpoints")
-    result = run_cli("normlab-train", "-m", "norm=layernorm,rmsnorm", "seed=0,1", "experiment_name=t", f"paths.output_dir={out}", *FAST_TRAIN)
+    result = run_cli(
+        "normlab-train",
+        "-m",
+        "norm=layernorm,rmsnorm",
+        "seed=0,1",
+        "experiment_name=t",
+        f"paths.output_dir={out}",
+        *FAST_TRAIN,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return out / "t"
 
@@ -55,12 +63,20 @@ def test_run_directory_holds_resolved_config_metrics_and_scheduled_checkpoints(s
     assert config.norm.name == norm and config.run_dir == str(run)
     assert "${" not in (run / "config.yaml").read_text()  # resolved
     ckpts = sorted(p.name for p in (run / "checkpoints").glob("*.ckpt"))
-    assert ckpts == ["last.ckpt", "previous.ckpt", "step-0000000.ckpt", "step-0000002.ckpt", "step-0000004.ckpt",
-                     "step-0000006.ckpt"]
+    assert ckpts == [
+        "last.ckpt",
+        "previous.ckpt",
+        "step-0000000.ckpt",
+        "step-0000002.ckpt",
+        "step-0000004.ckpt",
+        "step-0000006.ckpt",
+    ]
     for name in ckpts:  # each with its digest
         record = verify(run / "checkpoints" / name)
         assert torch.load(run / "checkpoints" / name, weights_only=False)["global_step"] == record.step
-    assert verify(run / "checkpoints" / "last.ckpt").step == 6 and verify(run / "checkpoints" / "previous.ckpt").step == 4
+    assert (
+        verify(run / "checkpoints" / "last.ckpt").step == 6 and verify(run / "checkpoints" / "previous.ckpt").step == 4
+    )
     assert re.fullmatch(r"[0-9a-f]{16}\n", (run / "run_id").read_text())  # its wandb id, drawn at random
 
 
@@ -103,9 +119,12 @@ def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_che
     rows = read_csv(run / "angles.csv")
     assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]  # the checkpoint schedule
     at_0 = [r for r in rows if r["step"] == 0]
-    assert {(r["layer"], r["site"]) for r in at_0} == {(layer, f"{role}.{io}") for layer in range(2) for role in
-                                                       ("attn_norm", "mlp_norm") for io in ("input", "output", "rotation")} | {
-        (2, "final_norm.input"), (2, "final_norm.output"), (2, "final_norm.rotation")}
+    assert {(r["layer"], r["site"]) for r in at_0} == {
+        (layer, f"{role}.{io}")
+        for layer in range(2)
+        for role in ("attn_norm", "mlp_norm")
+        for io in ("input", "output", "rotation")
+    } | {(2, "final_norm.input"), (2, "final_norm.output"), (2, "final_norm.rotation")}
     probe_tokens = (88015 // 128) * 128  # the embedded held-out split, in windows of the model's context
     assert {r["count"] for r in at_0 if r["position"] == "all"} == {probe_tokens}
     assert {r["count"] for r in at_0 if r["position"] == "first"} == {probe_tokens // 128}
@@ -154,8 +173,9 @@ def test_rerunning_the_same_command_resumes_and_a_changed_config_is_refused(swee
     assert f"{run} is finished (step 6 of 6): nothing to do" in finished.stdout
     after = snapshot(run)
     assert OmegaConf.load(run / "config.yaml").run_dir == str(run)  # the config follows the moved directory
-    assert {p: b for p, b in after.items() if not p.name.endswith(".yaml")} == \
-        {p: b for p, b in before.items() if not p.name.endswith(".yaml")}  # nothing else appended, nothing lost
+    assert {p: b for p, b in after.items() if not p.name.endswith(".yaml")} == {
+        p: b for p, b in before.items() if not p.name.endswith(".yaml")
+    }  # nothing else appended, nothing lost
     before = after
 
     changed = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8")
@@ -164,7 +184,9 @@ def test_rerunning_the_same_command_resumes_and_a_changed_config_is_refused(swee
     assert "holds checkpoints of another config (trainer.max_steps: 6 -> 8" in line and "restart=true" in line
     assert snapshot(run) == before  # nothing on disk changed
 
-    restarted = run_cli("normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8", "restart=true")
+    restarted = run_cli(
+        "normlab-train", "norm=layernorm", f"run_dir={run}", *FAST_TRAIN, "trainer.max_steps=8", "restart=true"
+    )
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert set(read_metrics(run)["train/loss"]) == set(range(8))
     (aside,) = tmp_path.glob("run.replaced-*")
@@ -174,8 +196,12 @@ def test_rerunning_the_same_command_resumes_and_a_changed_config_is_refused(swee
 
 def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
     overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["trainer.max_steps=2"]
-    result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides,
-                     env={"WANDB_MODE": None, "WANDB_API_KEY": None, "WANDB_DIR": None})
+    result = run_cli(
+        "normlab-train",
+        f"run_dir={tmp_path}",
+        *overrides,
+        env={"WANDB_MODE": None, "WANDB_API_KEY": None, "WANDB_DIR": None},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (offline,) = (tmp_path / "wandb").glob("offline-run-*")
     assert offline.name.endswith((tmp_path / "run_id").read_text().strip())  # the run's own id
@@ -190,8 +216,11 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "tiny layernorm seed 0" in summary and "tiny rmsnorm seed 0" in summary
     assert "| 6,541,184 |" in summary and "| 6,540,864 |" in summary  # LN has (2L+1) d = 5 x 64 more
-    for figure in ("angles_by_layer_tiny.png", f"angles_training_tiny-layernorm-seed0{TAG}.png",
-                   f"angles_training_tiny-rmsnorm-seed0{TAG}.png"):
+    for figure in (
+        "angles_by_layer_tiny.png",
+        f"angles_training_tiny-layernorm-seed0{TAG}.png",
+        f"angles_training_tiny-rmsnorm-seed0{TAG}.png",
+    ):
         assert (tmp_path / figure).stat().st_size > 10_000 and f"({figure})" in summary
     assert "angle to 1 before the norms" in summary
     assert "| tiny layernorm | 2 |" in summary and "| tiny rmsnorm | 2 |" in summary  # mean ± std over the 2 seeds
@@ -199,7 +228,9 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
 
 def test_sweep_ran_every_norm_and_seed_with_its_own_initialisation(sweep):
     seed0 = torch.load(run_of(sweep, "layernorm") / "checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
-    seed1 = torch.load(run_of(sweep, "layernorm", 1) / "checkpoints/step-0000000.ckpt", weights_only=False)["state_dict"]
+    seed1 = torch.load(run_of(sweep, "layernorm", 1) / "checkpoints/step-0000000.ckpt", weights_only=False)[
+        "state_dict"
+    ]
     assert not torch.equal(seed0["model.wte.weight"], seed1["model.wte.weight"])
 
 
@@ -221,10 +252,15 @@ def test_non_finite_gradient_with_a_finite_loss_stops_the_run(prepared, tmp_path
     module, datamodule, run = build_module(cfg), build(cfg.data), build(cfg.callbacks.scheduled_checkpoints)
     module.model.lm_head.weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([7]), float("inf")))
     trainer = build_trainer(cfg, [run, build(cfg.callbacks.nonfinite_guard)], accumulate=1)
-    with run.opened(cfg, []), pytest.raises(NonFiniteError, match=r"^non-finite gradient at optimizer step 0 \(loss 1"):
+    with (
+        run.opened(cfg, []),
+        pytest.raises(NonFiniteError, match=r"^non-finite gradient at optimizer step 0 \(loss 1"),
+    ):
         trainer.fit(module, datamodule=datamodule)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["nonfinite-step-0000000.ckpt",
-                                                                                "step-0000000.ckpt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == [
+        "nonfinite-step-0000000.ckpt",
+        "step-0000000.ckpt",
+    ]
 
 
 def test_a_truncated_last_checkpoint_is_skipped_for_the_previous_one(sweep, tmp_path):

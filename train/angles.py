@@ -223,7 +223,9 @@ class AngleProbe:
         for group in by_shape.values():
             sites, values = zip(*group)
             values = torch.stack(values)  # [sites, B, T, 9]
-            mask = self.mask if self.mask is not None else torch.ones(values.shape[1:3], dtype=torch.bool, device=values.device)
+            mask = self.mask
+            if mask is None:
+                mask = torch.ones(values.shape[1:3], dtype=torch.bool, device=values.device)
             for position, selected in (("all", values[:, mask]), ("first", values[:, :, 0][:, mask[:, 0]])):
                 self._update(sites, position, selected)
 
@@ -237,7 +239,9 @@ class AngleProbe:
         rotation = 2 * torch.atan2(gap, (4 - gap**2).clamp_min(0).sqrt())
         radians = torch.cat([radians, rotation[:, None]], 1)
         rows = torch.cat([self._rows(site, position) for site in sites])
-        self.stats.update(rows, torch.rad2deg(radians).flatten(0, 1), norms.flatten(0, 1), (torch.cos(radians) ** 2).flatten(0, 1))
+        self.stats.update(
+            rows, torch.rad2deg(radians).flatten(0, 1), norms.flatten(0, 1), (torch.cos(radians) ** 2).flatten(0, 1)
+        )
 
     def _rows(self, site: NormSite, position: str) -> torch.Tensor:
         key = (site.layer, site.role, position)
@@ -315,8 +319,16 @@ def read_rows(path: str | Path, parse: Callable[[str, str], object], columns=("s
     return rows
 
 
-ANGLE_COLUMN_TYPES = {"step": int, "layer": int, "count": int, "d": int, "site": str, "reference": str,
-                      "position": str, "histogram": lambda v: [int(c) for c in v.split()]}  # any other column: float
+ANGLE_COLUMN_TYPES = {
+    "step": int,
+    "layer": int,
+    "count": int,
+    "d": int,
+    "site": str,
+    "reference": str,
+    "position": str,
+    "histogram": lambda v: [int(c) for c in v.split()],
+}  # any other column: float
 
 
 def read_csv(path: str | Path) -> list[dict]:
@@ -399,8 +411,9 @@ def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -
     tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
     if not any((path / f).exists() for f in tokenizer_files):
         if vocab_size < gpt2.VOCAB_SIZE:
-            raise AnalysisError(f"{path} has no tokenizer and a vocabulary of {vocab_size} < 50257: add the model's "
-                                "tokenizer files")
+            raise AnalysisError(
+                f"{path} has no tokenizer and a vocabulary of {vocab_size} < 50257: add the model's tokenizer files"
+            )
         return probe[:, :seq_len]
     with loading(f"the tokenizer in {path}"):
         tok = AutoTokenizer.from_pretrained(path)
@@ -413,6 +426,7 @@ def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -
 @dataclass
 class Analysis:
     """A path given to normlab-angles, checked and ready to measure."""
+
     path: Path
     layout: str  # a key of LAYOUTS
     checkpoints: list[tuple[int, Callable[[], nn.Module]]]  # (step, what loads its model), in step order
@@ -424,11 +438,15 @@ def checked_seq_len(args, path: Path, context: int, context_name: str) -> int:
     """--seq-len (default: the model's context, at most 1024), checked against the context and --tokens."""
     seq_len = args.seq_len or min(1024, context)
     if seq_len > context:
-        raise AnalysisError(f"--seq-len {seq_len} is beyond the context of {path} ({context} tokens, {context_name}): "
-                            f"give at most {context}")
+        raise AnalysisError(
+            f"--seq-len {seq_len} is beyond the context of {path} ({context} tokens, {context_name}): "
+            f"give at most {context}"
+        )
     if args.tokens is not None and args.tokens < seq_len:
-        raise AnalysisError(f"--tokens {args.tokens} is less than one sequence of {seq_len} tokens: give at least "
-                            f"{seq_len}, a smaller --seq-len, or no --tokens for the whole split")
+        raise AnalysisError(
+            f"--tokens {args.tokens} is less than one sequence of {seq_len} tokens: give at least "
+            f"{seq_len}, a smaller --seq-len, or no --tokens for the whole split"
+        )
     return seq_len
 
 
@@ -440,8 +458,10 @@ def plan_hugging_face(path: Path, args) -> Analysis:
         raise AnalysisError(f"{config_file} is not valid JSON ({e}): restore the model's config.json") from None
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if model_type not in LAYOUTS or model_type == "normlab":
-        raise AnalysisError(f"{path}: model type {model_type} is not supported "
-                            f"(supported: {', '.join(k for k in LAYOUTS if k != 'normlab')})")
+        raise AnalysisError(
+            f"{path}: model type {model_type} is not supported "
+            f"(supported: {', '.join(k for k in LAYOUTS if k != 'normlab')})"
+        )
     from transformers import AutoConfig
 
     from train.data import load_probe
@@ -465,8 +485,10 @@ def plan_normlab(path: Path, args) -> Analysis:
     is_run = path.is_dir()
     checkpoints = sorted((path / "checkpoints").glob("step-*.ckpt")) if is_run else [path]
     if not checkpoints:
-        raise AnalysisError(f"no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {path}: give a .ckpt, a run "
-                            "directory or a Hugging Face model directory (with its config.json)")
+        raise AnalysisError(
+            f"no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {path}: give a .ckpt, a run "
+            "directory or a Hugging Face model directory (with its config.json)"
+        )
     intact, damaged = [], []
     for checkpoint in checkpoints:
         try:
@@ -477,13 +499,20 @@ def plan_normlab(path: Path, args) -> Analysis:
             damaged.append(str(e))
     if not intact:
         more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
-        raise AnalysisError(f"no intact checkpoint in {path / 'checkpoints'}: {damaged[0]}{more}; restore them from a "
-                            "copy, or train the run again")
+        raise AnalysisError(
+            f"no intact checkpoint in {path / 'checkpoints'}: {damaged[0]}{more}; restore them from a "
+            "copy, or train the run again"
+        )
     model = OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]).model
     seq_len = checked_seq_len(args, path, model.block_size, "model.block_size")
     windows = load_probe(args.probe_dir, args.split, args.tokens, seq_len, model.vocab_size)
-    return Analysis(path, "normlab", [(step, partial(load_normlab, c)) for step, c in sorted(intact)], windows,
-                    [f"{reason}: skipped" for reason in damaged])
+    return Analysis(
+        path,
+        "normlab",
+        [(step, partial(load_normlab, c)) for step, c in sorted(intact)],
+        windows,
+        [f"{reason}: skipped" for reason in damaged],
+    )
 
 
 def plan(path: Path, args) -> Analysis:
@@ -496,8 +525,9 @@ def plan(path: Path, args) -> Analysis:
 
 def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[dict]:
     """The angle rows of every checkpoint of `analysis`, loading one model at a time."""
-    batches = [(b.to(device), torch.ones_like(b, dtype=torch.bool, device=device))
-               for b in analysis.windows.split(batch_size)]
+    batches = [
+        (b.to(device), torch.ones_like(b, dtype=torch.bool, device=device)) for b in analysis.windows.split(batch_size)
+    ]
     records = []
     for step, load in analysis.checkpoints:
         model = load().to(device).eval()
@@ -513,23 +543,34 @@ def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[d
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = OneLineParser(prog="normlab-angles", description="Angle statistics (angles.csv) for normlab "
-                           "checkpoints or run directories, or local Hugging Face causal LM directories.")
-    parser.add_argument("paths", nargs="+", type=Path,
-                        help="a .ckpt, a run directory (all its checkpoints) or a HF model directory")
-    parser.add_argument("--probe-dir", default="data/embedded",
-                        help="a prepared data directory (default: data/embedded)")
+    parser = OneLineParser(
+        prog="normlab-angles",
+        description="Angle statistics (angles.csv) for normlab "
+        "checkpoints or run directories, or local Hugging Face causal LM directories.",
+    )
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="a .ckpt, a run directory (all its checkpoints) or a HF model directory"
+    )
+    parser.add_argument(
+        "--probe-dir", default="data/embedded", help="a prepared data directory (default: data/embedded)"
+    )
     parser.add_argument("--split", default="val", help="its split to probe with (val, or probe for data=wikipedia)")
     parser.add_argument("--tokens", type=positive_int, default=None, help="probe tokens (default: all of the split)")
-    parser.add_argument("--seq-len", type=positive_int, default=None,
-                        help="tokens per sequence (default: the model's context, at most 1024)")
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=None,
+        help="tokens per sequence (default: the model's context, at most 1024)",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=8)
     parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="CSV to write (default: checkpoints/angles/<name>.csv)")
     args = parser.parse_args(argv)
     if args.out and len(args.paths) > 1:
-        parser.error("--out names one CSV file: give one path with it, or leave it out (each path then gets "
-                     "checkpoints/angles/<name>.csv)")
+        parser.error(
+            "--out names one CSV file: give one path with it, or leave it out (each path then gets "
+            "checkpoints/angles/<name>.csv)"
+        )
     if args.out and args.out.is_dir():
         parser.error(f"--out {args.out} is a directory: give a file name, e.g. {args.out / 'angles.csv'}")
     try:
@@ -545,7 +586,9 @@ def main(argv: list[str] | None = None) -> None:
             except OSError as e:
                 raise AnalysisError(f"cannot write {out} ({e.strerror}): give a writable --out") from None
             checkpoints = len(analysis.checkpoints)
-            print(f"wrote {out} ({checkpoints} checkpoint{'s' * (checkpoints > 1)}, "
-                  f"{analysis.windows.numel():,} probe tokens)")
+            print(
+                f"wrote {out} ({checkpoints} checkpoint{'s' * (checkpoints > 1)}, "
+                f"{analysis.windows.numel():,} probe tokens)"
+            )
     except NormlabError as e:
         parser.error(str(e))

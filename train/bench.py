@@ -1,6 +1,6 @@
 """normlab-bench: measurements printed as one table, side by side in one run, and written to a file.
 
-    normlab-bench framework      normlab-train's Lightning step vs a minimal plain PyTorch loop, same model and batches (CPU)
+    normlab-bench framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
     normlab-bench norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
     normlab-bench step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
     normlab-bench prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
@@ -62,16 +62,24 @@ def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
             x = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=True)
             grad = torch.randn_like(x)
             ln, rms = LayerNorm(d).to(device, dtype), RMSNorm(d).to(device, dtype)
-            t = interleaved({
-                "ln": lambda: ln(x).backward(grad),
-                "rms": lambda: rms(x).backward(grad),
-                "torch_ln": lambda: F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps).backward(grad),
-                "torch_rms": lambda: F.rms_norm(x, (d,), rms.weight, rms.eps).backward(grad),
-            }, repeats, device)
-            results.append((f"norm forward+backward, {str(dtype)[6:]}, d={d} ({rows} rows, {device.type})",
-                            f"RMSNorm / LayerNorm {t['rms'] / t['ln']:.2f} (target <= 1); torch's RMSNorm / LayerNorm "
-                            f"{t['torch_rms'] / t['torch_ln']:.2f}; ours / torch's: LayerNorm {t['ln'] / t['torch_ln']:.2f}, "
-                            f"RMSNorm {t['rms'] / t['torch_rms']:.2f}"))
+            t = interleaved(
+                {
+                    "ln": lambda: ln(x).backward(grad),
+                    "rms": lambda: rms(x).backward(grad),
+                    "torch_ln": lambda: F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps).backward(grad),
+                    "torch_rms": lambda: F.rms_norm(x, (d,), rms.weight, rms.eps).backward(grad),
+                },
+                repeats,
+                device,
+            )
+            results.append(
+                (
+                    f"norm forward+backward, {str(dtype)[6:]}, d={d} ({rows} rows, {device.type})",
+                    f"RMSNorm / LayerNorm {t['rms'] / t['ln']:.2f} (target <= 1); torch's RMSNorm / LayerNorm "
+                    f"{t['torch_rms'] / t['torch_ln']:.2f}; ours / torch's: LayerNorm {t['ln'] / t['torch_ln']:.2f}, "
+                    f"RMSNorm {t['rms'] / t['torch_rms']:.2f}",
+                )
+            )
     return results
 
 
@@ -115,21 +123,36 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
         cfg = compose([*shape, f"norm={norm}"])
         module = modules[norm] = build_module(cfg).to(device)
         optimizer = module.configure_optimizers()["optimizer"]
-        ids = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.block_size + 1), device=device,
-                            generator=torch.Generator(device).manual_seed(0))
+        ids = torch.randint(
+            0,
+            cfg.model.vocab_size,
+            (batch, cfg.model.block_size + 1),
+            device=device,
+            generator=torch.Generator(device).manual_seed(0),
+        )
 
-        steps[norm] = lambda m=module, o=optimizer, ids=ids: plain_step(m, o, (ids[:, :-1], ids[:, 1:]), 1.0, device.type)
+        steps[norm] = lambda m=module, o=optimizer, ids=ids: plain_step(
+            m, o, (ids[:, :-1], ids[:, 1:]), 1.0, device.type
+        )
     t = interleaved(steps, repeats, device)
     tokens = batch * modules["layernorm"].model.config.block_size
     name = f"{shape[0][6:]}{'' if device.type == 'cuda' else ' (2 layers)'}, {batch}x{tokens // batch} tokens"
-    rows = [(f"training step RMS / LN ({name}, {device.type})",
-             f"{t['rmsnorm'] / t['layernorm']:.3f} (target <= 1); LN {tokens / t['layernorm']:,.0f} tokens/s, "
-             f"RMS {tokens / t['rmsnorm']:,.0f} tokens/s")]
+    rows = [
+        (
+            f"training step RMS / LN ({name}, {device.type})",
+            f"{t['rmsnorm'] / t['layernorm']:.3f} (target <= 1); LN {tokens / t['layernorm']:,.0f} tokens/s, "
+            f"RMS {tokens / t['rmsnorm']:,.0f} tokens/s",
+        )
+    ]
     if peak := peak_flops(device):
         for norm in steps:
             mfu = tokens / t[norm] * modules[norm].model.flops_per_token() / peak
-            rows.append((f"MFU, {name}, {norm}, bf16, compiled blocks, fused AdamW ({torch.cuda.get_device_name(device)})",
-                         f"{100 * mfu:.1f}% (target >= 45%)"))
+            rows.append(
+                (
+                    f"MFU, {name}, {norm}, bf16, compiled blocks, fused AdamW ({torch.cuda.get_device_name(device)})",
+                    f"{100 * mfu:.1f}% (target >= 45%)",
+                )
+            )
     return rows
 
 
@@ -166,17 +189,31 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
             self.same_batches &= all(torch.equal(a, b) for a, b in zip(batch, framework_batch))
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose([f"run_dir={tmp}/run", "trainer.accelerator=cpu", "logger=csv", f"trainer.max_steps={steps}", f"trainer.val_check_interval={steps}",
-                       f"callbacks.scheduled_checkpoints.every={steps}", "probe.tokens=8192"])  # validation and checkpoints after the last step
+        cfg = compose(
+            [
+                f"run_dir={tmp}/run",
+                "trainer.accelerator=cpu",
+                "logger=csv",
+                f"trainer.max_steps={steps}",
+                f"trainer.val_check_interval={steps}",
+                f"callbacks.scheduled_checkpoints.every={steps}",
+                "probe.tokens=8192",
+            ]
+        )  # validation and checkpoints after the last step
         twin = PlainTwin(cfg)
         module = fit(cfg, extra_callbacks=[twin])
     same = twin.same_batches and all(torch.equal(a, b) for a, b in zip(module.parameters(), twin.module.parameters()))
     # each framework step against the plain step just before it: neighbours in time share the machine's state
     ratio = statistics.median(plain / framework for plain, framework in zip(twin.plain, twin.framework))
     tokens = cfg.data.batch_size * cfg.model.block_size
-    return [(f"normlab-train / plain PyTorch loop, tokens/s ({cfg.model.name} model, {tokens} tokens per step, "
-             f"median over {len(twin.framework)} pairs of neighbouring steps, cpu)",
-             f"{ratio:.3f} (target >= 0.97); {'identical' if same else 'DIFFERENT'} batches and weights after {steps} steps")]
+    return [
+        (
+            f"normlab-train / plain PyTorch loop, tokens/s ({cfg.model.name} model, {tokens} tokens per step, "
+            f"median over {len(twin.framework)} pairs of neighbouring steps, cpu)",
+            f"{ratio:.3f} (target >= 0.97); {'identical' if same else 'DIFFERENT'} batches and weights "
+            f"after {steps} steps",
+        )
+    ]
 
 
 def process_tree_memory(root: int) -> tuple[int, int]:
@@ -186,7 +223,9 @@ def process_tree_memory(root: int) -> tuple[int, int]:
     while todo:
         pid = todo.pop()
         try:
-            rollup = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+            rollup = dict(
+                line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+            )
             for task in Path(f"/proc/{pid}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
         except (FileNotFoundError, ProcessLookupError, ValueError):
@@ -228,14 +267,23 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
                 for copy in range(factor):
                     f.writelines(json.dumps({"text": f"[{copy}] {d}"}) + "\n" for d in docs)
             out = Path(tmp) / f"prepared{factor}"
-            cmd = [str(Path(sys.executable).parent / "normlab-prepare"), "data=files", f"data.dir={out}",
-                   f"data.source.files=[{corpus}]", "data.source.val_fraction=0.001"]
+            cmd = [
+                str(Path(sys.executable).parent / "normlab-prepare"),
+                "data=files",
+                f"data.dir={out}",
+                f"data.source.files=[{corpus}]",
+                "data.source.val_fraction=0.001",
+            ]
             seconds, anon, rss = run_measured(cmd)
             tokens = json.loads((out / "meta.json").read_text())["splits"]["train"]["tokens"]
             mb = corpus.stat().st_size / 1e6
-            rows.append((f"prepare {mb:.0f} MB of text ({tokens / 1e6:.1f}M tokens)",
-                         f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, "
-                         f"anonymous), largest process RSS {rss:,.0f} MB"))
+            rows.append(
+                (
+                    f"prepare {mb:.0f} MB of text ({tokens / 1e6:.1f}M tokens)",
+                    f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, "
+                    f"anonymous), largest process RSS {rss:,.0f} MB",
+                )
+            )
     return rows
 
 
@@ -255,19 +303,42 @@ def probe_setup(model_name: str, seq_len: int):
 def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> list[tuple[str, str]]:
     """Interleaved repetitions of the plain forward and the probe pass on the same batches; medians."""
     torch, model, probe = probe_setup(model_name, seq_len)
-    batches = [(torch.randint(0, 50257, (batch, seq_len), generator=torch.Generator().manual_seed(i)), None) for i in range(2)]
+    batches = [
+        (torch.randint(0, 50257, (batch, seq_len), generator=torch.Generator().manual_seed(i)), None) for i in range(2)
+    ]
     with torch.no_grad():
-        t = interleaved({"plain": lambda: [model.hidden(ids) for ids, _ in batches], "probe": lambda: probe(batches)},
-                        repeats, torch.device("cpu"))
+        t = interleaved(
+            {"plain": lambda: [model.hidden(ids) for ids, _ in batches], "probe": lambda: probe(batches)},
+            repeats,
+            torch.device("cpu"),
+        )
     ratio = t["probe"] / t["plain"]
-    rows = [(f"angle probe pass / plain forward ({model_name}, {2 * batch}x{seq_len} tokens, median of {repeats})",
-             f"{ratio:.3f} (target <= 1.15)")]
+    rows = [
+        (
+            f"angle probe pass / plain forward ({model_name}, {2 * batch}x{seq_len} tokens, median of {repeats})",
+            f"{ratio:.3f} (target <= 1.15)",
+        )
+    ]
     mem = []
     for windows in (32, 320):
-        cmd = [sys.executable, "-m", "train.bench", "--probe-memory", str(windows), "--model", model_name, "--seq-len", str(seq_len)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "train.bench",
+            "--probe-memory",
+            str(windows),
+            "--model",
+            model_name,
+            "--seq-len",
+            str(seq_len),
+        ]
         mem.append(run_measured(cmd)[1])
-    rows.append((f"angle probe peak memory, {32 * seq_len:,} vs {320 * seq_len:,} tokens ({model_name})",
-                 f"{mem[0]:,.0f} MB vs {mem[1]:,.0f} MB (ratio {mem[1] / mem[0]:.3f}, target: unchanged)"))
+    rows.append(
+        (
+            f"angle probe peak memory, {32 * seq_len:,} vs {320 * seq_len:,} tokens ({model_name})",
+            f"{mem[0]:,.0f} MB vs {mem[1]:,.0f} MB (ratio {mem[1] / mem[0]:.3f}, target: unchanged)",
+        )
+    )
     return rows
 
 
@@ -280,8 +351,11 @@ def probe_memory(model_name: str, seq_len: int, windows: int) -> None:
 
 def cpu_name() -> str:
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] \
-        if cpuinfo.exists() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
     return f"{names[0]}, {len(os.sched_getaffinity(0))} cores" if names else platform.machine()
 
 
@@ -317,8 +391,10 @@ def main(argv: list[str] | None = None) -> None:
     if "angles" in sections:
         rows += bench_angles(args.model, args.seq_len, 4, 3 * args.repeats)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    header = (f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
-              f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n")
+    header = (
+        f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
+        f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n"
+    )
     table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)

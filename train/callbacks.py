@@ -54,7 +54,10 @@ class TokenThroughput(L.Callback):
             torch.cuda.synchronize()
         now = time.perf_counter()
         per_device = self._tokens / (now - self._last)
-        metrics = {"train/tokens_per_sec": per_device * trainer.world_size, "train/tokens_per_sec_per_device": per_device}
+        metrics = {
+            "train/tokens_per_sec": per_device * trainer.world_size,
+            "train/tokens_per_sec_per_device": per_device,
+        }
         if self.peak_flops:
             metrics["train/mfu"] = per_device * pl_module.model.flops_per_token() / self.peak_flops
         # Straight to the loggers (as LearningRateMonitor does), at the step self.log gives train/loss: self.log's
@@ -75,8 +78,19 @@ class AngleCallback(L.Callback):
     file) are measured again from the scheduled checkpoints. The probe set is loaded (and checked) when the
     callback is built, before the run writes anything."""
 
-    def __init__(self, probe_dir: str, probe_split: str, probe_tokens: int | None, seq_len: int, vocab_size: int,
-                 batch_size: int, every: int, dense_until: int, sparse_every: int, extra_steps=()):
+    def __init__(
+        self,
+        probe_dir: str,
+        probe_split: str,
+        probe_tokens: int | None,
+        seq_len: int,
+        vocab_size: int,
+        batch_size: int,
+        every: int,
+        dense_until: int,
+        sparse_every: int,
+        extra_steps=(),
+    ):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"probe.batch_size={batch_size}: give a positive number of sequences")
         self.batch_size = batch_size
@@ -89,8 +103,9 @@ class AngleCallback(L.Callback):
         self.steps = set(checkpoint_steps(trainer.max_steps, **self.schedule))
         self.run = RunDirectory.of(trainer)
         if self.run is None:
-            raise ConfigError("callbacks.angles writes angles.csv through the run directory: keep "
-                              "callbacks.scheduled_checkpoints")
+            raise ConfigError(
+                "callbacks.angles writes angles.csv through the run directory: keep callbacks.scheduled_checkpoints"
+            )
 
     def on_train_start(self, trainer, pl_module):
         """Measure the checkpoint steps up to this one that angles.csv lacks: step 0 of a fresh run, the current
@@ -137,8 +152,13 @@ class AngleCallback(L.Callback):
         was_training = model.training
         model.eval()
         with torch.compiler.set_stance("force_eager"):  # eager: hooks and eval mode would recompile every block
-            stats = measure(lambda ids, mask: model.hidden(ids), norm_sites(model, "normlab"), model.config.n_embd, batches,
-                            pl_module.device)
+            stats = measure(
+                lambda ids, mask: model.hidden(ids),
+                norm_sites(model, "normlab"),
+                model.config.n_embd,
+                batches,
+                pl_module.device,
+            )
         model.train(was_training)
         if trainer.is_global_zero:
             records = stats.records(step)
@@ -150,12 +170,19 @@ class AngleCallback(L.Callback):
     def _log_wandb(trainer, records: list[dict]) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                scalars = {f"angles/{r['reference']}/{r['site']}/layer{r['layer']:02d}": r["mean_deg"]
-                           for r in records if r["position"] == "all"}
+                scalars = {
+                    f"angles/{r['reference']}/{r['site']}/layer{r['layer']:02d}": r["mean_deg"]
+                    for r in records
+                    if r["position"] == "all"
+                }
                 logger.log_metrics(scalars, step=trainer.global_step)
                 columns = list(records[0])
-                logger.log_table(key="angles/table", columns=columns, data=[[r[c] for c in columns] for r in records],
-                                 step=trainer.global_step)
+                logger.log_table(
+                    key="angles/table",
+                    columns=columns,
+                    data=[[r[c] for c in columns] for r in records],
+                    step=trainer.global_step,
+                )
 
 
 def requeues_itself() -> bool:
@@ -229,6 +256,8 @@ class NonFiniteGuard(L.Callback):
             good = run.last_good  # written or verified by this process: never a checkpoint of unknown state
             run.save(trainer, path, weights_only=False)
             what = "loss" if not bool(torch.isfinite(losses).all()) else "gradient"
-            raise NonFiniteError(f"non-finite {what} at optimizer step {step} (loss {losses.mean().item():.4g}); "
-                                 f"diagnostic checkpoint {path}; last intact checkpoint {good or 'none'}: "
-                                 "lower the learning rate, or resume from an earlier checkpoint")
+            raise NonFiniteError(
+                f"non-finite {what} at optimizer step {step} (loss {losses.mean().item():.4g}); "
+                f"diagnostic checkpoint {path}; last intact checkpoint {good or 'none'}: "
+                "lower the learning rate, or resume from an earlier checkpoint"
+            )

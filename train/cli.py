@@ -42,11 +42,16 @@ def check_group_choices(args: list[str]) -> None:
         group = CONF_DIR / override.key_or_group
         if override.is_delete() or not group.is_dir() or override.key_or_group.startswith("hydra/"):  # Hydra's own
             continue
-        choices = override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        choices = (
+            override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        )
         valid = sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))  # _x: shared parts
         for choice in choices:
             if choice not in valid and choice != "null":
-                fail(f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} (conf/{override.key_or_group}/)")
+                fail(
+                    f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} "
+                    f"(conf/{override.key_or_group}/)"
+                )
 
 
 class WritableOutputDir(Callback):
@@ -69,8 +74,10 @@ class WritableOutputDir(Callback):
                 raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(existing))
             tempfile.TemporaryFile(dir=existing).close()
         except OSError as e:
-            fail(f"cannot write the output directory {directory} ({existing}: {e.strerror}): "
-                 "give a writable run_dir= (or paths.output_dir=)")
+            fail(
+                f"cannot write the output directory {directory} ({existing}: {e.strerror}): "
+                "give a writable run_dir= (or paths.output_dir=)"
+            )
 
 
 def jobs_not_run() -> str:
@@ -90,8 +97,10 @@ def jobs_not_run() -> str:
         values[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else [None]
     swept = {k: v for k, v in values.items() if len(v) > 1}
     jobs = [" ".join(f"{k}={v}" for k, v in zip(swept, job)) for job in itertools.product(*swept.values())]
-    later = jobs[config.job.num + 1:]
-    return f"; jobs not run: {', '.join(later)} (run the same command again: finished runs are skipped)" if later else ""
+    later = jobs[config.job.num + 1 :]
+    return (
+        f"; jobs not run: {', '.join(later)} (run the same command again: finished runs are skipped)" if later else ""
+    )
 
 
 def hydra_app(config_name: str):
@@ -143,17 +152,25 @@ def gradient_accumulation(cfg: DictConfig) -> int:
     number of devices and nodes (None: one micro-batch per device and step)."""
     devices, nodes, micro = cfg.trainer.devices, cfg.trainer.num_nodes, cfg.data.batch_size
     tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
-    if tasks and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive") and str(devices) != tasks.split("(")[0]:
-        raise ConfigError(f"Slurm runs {tasks} tasks per node but trainer.devices={devices}: set --ntasks-per-node "
-                          "equal to the devices per node (one task per GPU)")
+    if (
+        tasks
+        and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+        and str(devices) != tasks.split("(")[0]
+    ):
+        raise ConfigError(
+            f"Slurm runs {tasks} tasks per node but trainer.devices={devices}: set --ntasks-per-node "
+            "equal to the devices per node (one task per GPU)"
+        )
     if cfg.get("global_batch_size") is None:
         return 1
     if not isinstance(devices, int) or devices < 1:
         raise ConfigError(f"trainer.devices={devices}: give a number of devices when global_batch_size is set")
     accumulate, remainder = divmod(cfg.global_batch_size, micro * devices * nodes)
     if remainder or accumulate < 1:
-        raise ConfigError(f"global_batch_size={cfg.global_batch_size} is not a multiple of data.batch_size={micro} x "
-                          f"trainer.devices={devices} x trainer.num_nodes={nodes}: choose values whose product divides it")
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} is not a multiple of data.batch_size={micro} x "
+            f"trainer.devices={devices} x trainer.num_nodes={nodes}: choose values whose product divides it"
+        )
     return accumulate
 
 
@@ -188,9 +205,18 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
     run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
     # One preemption mechanism per launch path: under sbatch, the Preemption callback (SIGUSR1); under Hydra's
     # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
-    plugins = [*([run.io] if run else []), *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else [])]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, accumulate_grad_batches=accumulate, plugins=plugins,
-                       val_check_interval=cfg.trainer.val_check_interval * accumulate)  # Lightning counts micro-batches
+    plugins = [
+        *([run.io] if run else []),
+        *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
+    ]
+    return instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers,
+        accumulate_grad_batches=accumulate,
+        plugins=plugins,
+        val_check_interval=cfg.trainer.val_check_interval * accumulate,
+    )  # Lightning counts micro-batches
 
 
 def fit(cfg: DictConfig, extra_callbacks=()):
@@ -219,7 +245,9 @@ def fit(cfg: DictConfig, extra_callbacks=()):
         callbacks = [build(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
         run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
         if run is None:
-            raise ConfigError("callbacks.scheduled_checkpoints (the run directory: checkpoints, resume) cannot be removed")
+            raise ConfigError(
+                "callbacks.scheduled_checkpoints (the run directory: checkpoints, resume) cannot be removed"
+            )
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind

@@ -54,17 +54,24 @@ def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, 
         raise DataError(f"{dir} was prepared from another source than conf/data/{name}.yaml: {hint} again")
     tok = meta["tokenizer"]
     if tok["ranks_sha256"] != tokenizer.RANKS_SHA256 or tok["vocab_size"] != vocab_size:
-        raise DataError(f"{meta_path}: tokenized with {tok['name']} ({tok['vocab_size']} tokens), but the model expects "
-                        f"GPT-2 with vocab_size={vocab_size}: {hint} again, or set model.vocab_size")
+        raise DataError(
+            f"{meta_path}: tokenized with {tok['name']} ({tok['vocab_size']} tokens), but the model expects "
+            f"GPT-2 with vocab_size={vocab_size}: {hint} again, or set model.vocab_size"
+        )
     for split in splits:
         if split not in meta["splits"]:
-            raise DataError(f"{meta_path} has no '{split}' split (it has {', '.join(meta['splits'])}): {hint} with the right data= entry")
+            raise DataError(
+                f"{meta_path} has no '{split}' split (it has {', '.join(meta['splits'])}): {hint} with the "
+                "right data= entry"
+            )
         info, path = meta["splits"][split], dir / meta["splits"][split]["file"]
         if not path.is_file():
             raise DataError(f"{path} is missing: {hint}")
         if path.stat().st_size != 2 * info["tokens"]:
-            raise DataError(f"{path} holds {path.stat().st_size // 2} tokens, its metadata says {info['tokens']}: "
-                            f"the file is truncated or replaced, {hint} again")
+            raise DataError(
+                f"{path} holds {path.stat().st_size // 2} tokens, its metadata says {info['tokens']}: "
+                f"the file is truncated or replaced, {hint} again"
+            )
         try:
             largest, where = scan(path)
             if checksums and tokenizer.sha256_file(path) != info["sha256"]:
@@ -72,8 +79,10 @@ def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, 
         except OSError as e:
             raise DataError(f"cannot read {path} ({e.strerror}): check its permissions") from None
         if largest >= vocab_size:
-            raise DataError(f"{path} holds token {largest} at position {where}, outside the vocabulary of {vocab_size}: "
-                            f"the file is corrupt, {hint} again")
+            raise DataError(
+                f"{path} holds token {largest} at position {where}, outside the vocabulary of {vocab_size}: "
+                f"the file is corrupt, {hint} again"
+            )
     return meta
 
 
@@ -93,17 +102,23 @@ def check_meta(meta) -> str | None:
     return None
 
 
-def load_probe(dir: str, split: str, tokens: int | None, seq_len: int, vocab_size: int = tokenizer.VOCAB_SIZE) -> torch.Tensor:
+def load_probe(
+    dir: str, split: str, tokens: int | None, seq_len: int, vocab_size: int = tokenizer.VOCAB_SIZE
+) -> torch.Tensor:
     """The probe set: the first `tokens` tokens (None: all) of a prepared split, as [windows, seq_len]."""
     dir = Path(dir)
     if tokens is not None and (not isinstance(tokens, int) or tokens < seq_len):
-        raise ConfigError(f"probe.tokens={tokens} is less than one sequence of the model's context ({seq_len} "
-                          "tokens): give at least that many, or null for the whole probe set")
+        raise ConfigError(
+            f"probe.tokens={tokens} is less than one sequence of the model's context ({seq_len} "
+            "tokens): give at least that many, or null for the whole probe set"
+        )
     meta = verify_prepared(dir, dir.name, None, vocab_size, (split,), checksums=False)
     available = meta["splits"][split]["tokens"] // seq_len * seq_len
     if tokens is not None and tokens > available:
-        raise DataError(f"the probe set {dir / meta['splits'][split]['file']} holds {available:,} tokens in windows of "
-                        f"{seq_len}, fewer than the {tokens:,} asked: lower probe.tokens, or prepare a larger probe set")
+        raise DataError(
+            f"the probe set {dir / meta['splits'][split]['file']} holds {available:,} tokens in windows of "
+            f"{seq_len}, fewer than the {tokens:,} asked: lower probe.tokens, or prepare a larger probe set"
+        )
     n = (available if tokens is None else tokens) // seq_len
     data = np.fromfile(dir / meta["splits"][split]["file"], dtype=np.uint16, count=n * seq_len)
     return torch.from_numpy(data.astype(np.int64)).view(n, seq_len)
@@ -138,7 +153,9 @@ class ShuffledWindows(Sampler[int]):
     batch of each epoch is left out. A resumed epoch starts after its first `consumed` micro-batches.
     """
 
-    def __init__(self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, accumulate: int = 1):
+    def __init__(
+        self, num_windows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, accumulate: int = 1
+    ):
         self.num_windows, self.batch_size, self.seed = num_windows, batch_size, seed
         self.rank, self.world_size, self.accumulate = rank, world_size, accumulate
         self.global_batches = num_windows // (batch_size * world_size * accumulate)
@@ -172,21 +189,37 @@ class ResumableLoader(DataLoader):
     accumulate = 1
 
     def state_dict(self) -> dict:
-        return {"epoch": self.sampler.epoch, "consumed": self.steps_done() * self.accumulate - self.sampler.epoch * len(self)}
+        return {
+            "epoch": self.sampler.epoch,
+            "consumed": self.steps_done() * self.accumulate - self.sampler.epoch * len(self),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.sampler.epoch, self.sampler.consumed = state["epoch"], state["consumed"]
 
 
 class TokenDataModule(L.LightningDataModule):
-    def __init__(self, name: str, dir: str, seq_len: int, vocab_size: int, batch_size: int, val_tokens: int,
-                 seed: int, source: dict, verify_checksums: bool = False, num_workers: int = 0):
+    def __init__(
+        self,
+        name: str,
+        dir: str,
+        seq_len: int,
+        vocab_size: int,
+        batch_size: int,
+        val_tokens: int,
+        seed: int,
+        source: dict,
+        verify_checksums: bool = False,
+        num_workers: int = 0,
+    ):
         super().__init__()
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"data.batch_size={batch_size}: give a positive number of sequences per device")
         if val_tokens is not None and (not isinstance(val_tokens, int) or val_tokens < seq_len):
-            raise ConfigError(f"data.val_tokens={val_tokens}: validation needs at least one sequence of {seq_len} "
-                              "tokens (and checkpoints follow validations); give more, or null for the whole split")
+            raise ConfigError(
+                f"data.val_tokens={val_tokens}: validation needs at least one sequence of {seq_len} "
+                "tokens (and checkpoints follow validations); give more, or null for the whole split"
+            )
         self.name, self.dir, self.seq_len, self.vocab_size = name, Path(dir), seq_len, vocab_size
         self.batch_size, self.val_tokens, self.seed, self.source = batch_size, val_tokens, seed, source
         self.verify_checksums, self.num_workers = verify_checksums, num_workers
@@ -197,21 +230,27 @@ class TokenDataModule(L.LightningDataModule):
         self.meta = verify_prepared(self.dir, self.name, self.source, self.vocab_size, SPLITS, self.verify_checksums)
         for split in SPLITS:
             if self.meta["splits"][split]["tokens"] < self.seq_len + 1:
-                raise DataError(f"{self.dir / split}.bin has {self.meta['splits'][split]['tokens']} tokens, "
-                                f"fewer than one window of seq_len+1={self.seq_len + 1}")
+                raise DataError(
+                    f"{self.dir / split}.bin has {self.meta['splits'][split]['tokens']} tokens, "
+                    f"fewer than one window of seq_len+1={self.seq_len + 1}"
+                )
         available = (self.meta["splits"]["val"]["tokens"] - 1) // self.seq_len * self.seq_len
         if self.val_tokens is not None and self.val_tokens > available:
-            raise DataError(f"data.val_tokens={self.val_tokens} but the validation split of '{self.name}' holds "
-                            f"{available} tokens in windows of {self.seq_len}: lower it, or set data.val_tokens=null for all")
+            raise DataError(
+                f"data.val_tokens={self.val_tokens} but the validation split of '{self.name}' holds "
+                f"{available} tokens in windows of {self.seq_len}: lower it, or set data.val_tokens=null for all"
+            )
         return self.meta
 
     def check_global_batch(self, windows_per_step: int) -> None:
         """Refuse an optimizer step larger than the training split (Lightning would train on nothing)."""
         windows = (self.meta["splits"]["train"]["tokens"] - 1) // self.seq_len
         if windows < windows_per_step:
-            raise ConfigError(f"an optimizer step takes {windows_per_step} sequences of {self.seq_len} tokens, but "
-                              f"the training split of '{self.name}' holds {windows}: lower data.batch_size (or "
-                              "global_batch_size, trainer.devices), or train on more data")
+            raise ConfigError(
+                f"an optimizer step takes {windows_per_step} sequences of {self.seq_len} tokens, but "
+                f"the training split of '{self.name}' holds {windows}: lower data.batch_size (or "
+                "global_batch_size, trainer.devices), or train on more data"
+            )
 
     def setup(self, stage: str) -> None:
         if self.meta is None:
@@ -222,11 +261,18 @@ class TokenDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> ResumableLoader:
         trainer = self.trainer
-        rank, world, accumulate = (trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches) if trainer else (0, 1, 1)
+        rank, world, accumulate = (
+            (trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches) if trainer else (0, 1, 1)
+        )
         sampler = ShuffledWindows(len(self.train_windows), self.batch_size, self.seed, rank, world, accumulate)
-        loader = ResumableLoader(self.train_windows, batch_size=self.batch_size, sampler=sampler,
-                                 num_workers=self.num_workers, pin_memory=torch.cuda.is_available(),
-                                 generator=self.own_generator())
+        loader = ResumableLoader(
+            self.train_windows,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            generator=self.own_generator(),
+        )
         if trainer is not None:
             loader.steps_done, loader.accumulate = lambda: trainer.global_step, accumulate
         return loader
@@ -234,8 +280,9 @@ class TokenDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         # Every rank evaluates the same fixed windows, so the logged validation loss does not depend
         # on the number of devices.
-        return DataLoader(self.val_windows, batch_size=self.batch_size, num_workers=self.num_workers,
-                          generator=self.own_generator())
+        return DataLoader(
+            self.val_windows, batch_size=self.batch_size, num_workers=self.num_workers, generator=self.own_generator()
+        )
 
     def own_generator(self) -> torch.Generator:
         # A DataLoader without one draws its workers' seed from the global generator each time it is iterated,

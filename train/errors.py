@@ -55,4 +55,8 @@ def process_rank() -> int:
     """This process's global rank before any process group exists: srun, torchrun and Lightning's launcher set
     these variables (0 when none is set: a single process, or the one that launches the others)."""
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
-    return rank or int(os.environ.get("LOCAL_RANK", 0)) or int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+    return (
+        rank
+        or int(os.environ.get("LOCAL_RANK", 0))
+        or int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+    )

@@ -93,19 +93,28 @@ def load_documents(name: str, source: DictConfig) -> datasets.Dataset | datasets
     elif source.kind == "hub":
         offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARIABLES)
         if not offline and not hub_reachable():
-            raise DataError(f"the Hugging Face hub is unreachable (no network?) for '{source.path}': {hub_offline_hint(name)}")
-        args = dict(path=source.path, name=source.get("name"), split=source.split, streaming=source.get("streaming", False))
+            raise DataError(
+                f"the Hugging Face hub is unreachable (no network?) for '{source.path}': {hub_offline_hint(name)}"
+            )
+        args = dict(
+            path=source.path, name=source.get("name"), split=source.split, streaming=source.get("streaming", False)
+        )
     else:
         raise DataError(f"data '{name}': unknown source kind {source.kind!r}; expected sdist, files or hub")
     try:
         docs = datasets.load_dataset(**args, **load_kwargs)
     except Exception as e:  # datasets raises ConnectionError, OSError, FileNotFoundError, ValueError...
         if source.kind == "hub":
-            raise DataError(f"cannot load '{source.path}' from the Hugging Face hub ({type(e).__name__}): {hub_offline_hint(name)}") from None
+            raise DataError(
+                f"cannot load '{source.path}' from the Hugging Face hub ({type(e).__name__}): {hub_offline_hint(name)}"
+            ) from None
         raise DataError(f"cannot read {', '.join(source.files)} as {source.format}: {e}".splitlines()[0]) from None
     column = source.get("text_column", "text")
     if column not in (docs.column_names or [column]):
-        raise DataError(f"data '{name}' has no column '{column}' (columns: {', '.join(docs.column_names)}): set data.source.text_column")
+        raise DataError(
+            f"data '{name}' has no column '{column}' (columns: {', '.join(docs.column_names)}): "
+            "set data.source.text_column"
+        )
     docs = docs.rename_column(column, "text") if column != "text" else docs
 
     def refuse(index: int, problem: str):
@@ -195,8 +204,10 @@ def load_sdist(source: DictConfig) -> datasets.Dataset:
                 try:
                     texts.append(data.decode(encoding))
                 except UnicodeDecodeError as e:
-                    raise DataError(f"{archive}: {member.name}, {undecodable(data, e)}: give the encoding of the "
-                                    "files, e.g. +data.source.encoding=latin1") from None
+                    raise DataError(
+                        f"{archive}: {member.name}, {undecodable(data, e)}: give the encoding of the "
+                        "files, e.g. +data.source.encoding=latin1"
+                    ) from None
                 titles.append(Path(member.name).stem)
     if not texts:
         raise DataError(f"no file of {archive} matches {source.glob!r}")
@@ -216,8 +227,10 @@ def check_output(out: Path) -> None:
     except OSError as e:
         raise DataError(f"cannot write {out} ({e.strerror}): give a writable data.dir= (or paths.data_dir=)") from None
     if foreign:
-        raise DataError(f"{out} holds {foreign[0]}, which is not a corpus file, and a prepare replaces the whole "
-                        "directory: move it away or give another data.dir=")
+        raise DataError(
+            f"{out} holds {foreign[0]}, which is not a corpus file, and a prepare replaces the whole "
+            "directory: move it away or give another data.dir="
+        )
 
 
 def running(pid: int) -> bool:
@@ -240,8 +253,10 @@ def remove_leftovers(out: Path) -> None:
             continue
         kind, host, pid = match[1], match[2], int(match[3])
         if host != HOST:
-            print(f"warning: {path} is left by a prepare on {host}: delete it unless that one is still running",
-                  file=sys.stderr)
+            print(
+                f"warning: {path} is left by a prepare on {host}: delete it unless that one is still running",
+                file=sys.stderr,
+            )
         elif pid == os.getpid() or not running(pid):  # our own pid: reused from a dead process
             if kind == "old" and not out.exists():
                 path.rename(out)
@@ -289,8 +304,13 @@ class TokenFile:
         self.file.flush()
         os.fsync(self.file.fileno())  # on disk before the staging directory is put in place
         self.file.close()
-        return {"file": self.path.name, "tokens": self.tokens, "documents": self.documents,
-                "max_token": self.max_token, "sha256": self.digest.hexdigest()}
+        return {
+            "file": self.path.name,
+            "tokens": self.tokens,
+            "documents": self.documents,
+            "max_token": self.max_token,
+            "sha256": self.digest.hexdigest(),
+        }
 
 
 def write_split(docs: datasets.Dataset, encoding, path: Path, num_proc: int) -> dict:
@@ -307,9 +327,16 @@ def write_split(docs: datasets.Dataset, encoding, path: Path, num_proc: int) -> 
             f.write(np.fromiter((t for doc in ids for t in [*doc, tokenizer.EOT]), dtype=np.uint16).tobytes())
         return {"documents": [1] * len(ids)}
 
-    counted = docs.map(encode, batched=True, batch_size=64, with_rank=True, remove_columns=docs.column_names,
-                       num_proc=num_proc if num_proc > 1 else None, load_from_cache_file=False,
-                       desc=f"tokenizing {path.stem}")
+    counted = docs.map(
+        encode,
+        batched=True,
+        batch_size=64,
+        with_rank=True,
+        remove_columns=docs.column_names,
+        num_proc=num_proc if num_proc > 1 else None,
+        load_from_cache_file=False,
+        desc=f"tokenizing {path.stem}",
+    )
     out = TokenFile(path)
     for shard in shards:
         if shard.exists():
@@ -327,7 +354,9 @@ def write_probe(docs, encoding, path: Path, max_tokens: int, threads: int) -> di
     with tqdm(total=max_tokens, desc=f"tokenizing {path.stem}", unit="tok", unit_scale=True) as progress:
         for batch in docs.iter(batch_size=256):
             ids = encoding.encode_ordinary_batch(batch["text"], num_threads=threads)
-            chunk = np.fromiter((t for doc in ids for t in [*doc, tokenizer.EOT]), dtype=np.int64)[: max_tokens - out.tokens]
+            chunk = np.fromiter((t for doc in ids for t in [*doc, tokenizer.EOT]), dtype=np.int64)[
+                : max_tokens - out.tokens
+            ]
             out.write(chunk, len(ids))
             progress.update(chunk.size)
             if out.tokens == max_tokens:
@@ -353,8 +382,12 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
     meta = {
         "name": data.name,
         "source": OmegaConf.to_container(source, resolve=True),
-        "tokenizer": {"name": tokenizer.NAME, "ranks_sha256": tokenizer.RANKS_SHA256,
-                      "vocab_size": tokenizer.VOCAB_SIZE, "eot": tokenizer.EOT},
+        "tokenizer": {
+            "name": tokenizer.NAME,
+            "ranks_sha256": tokenizer.RANKS_SHA256,
+            "vocab_size": tokenizer.VOCAB_SIZE,
+            "eot": tokenizer.EOT,
+        },
         "dtype": "uint16",
         "splits": {},
     }

@@ -23,7 +23,11 @@ from train.angles import REFERENCES, AnalysisError, DamagedTable, OneLineParser,
 from train.errors import NormlabError  # noqa: E402
 
 NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red"}
-REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random a~ (norm sqrt d)", "random_b": "random b~ (other norm)"}
+REFERENCE_LABELS = {
+    "uniform": "uniform vector 1",
+    "random_a": "random a~ (norm sqrt d)",
+    "random_b": "random b~ (other norm)",
+}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 
 
@@ -55,12 +59,15 @@ def read_config(path: Path) -> dict:
     except Exception as e:  # yaml's and OmegaConf's errors alike
         mark = getattr(e, "problem_mark", None)  # where yaml found the problem
         problem = f"line {mark.line + 1}: {e.problem}" if mark else str(e).strip().splitlines()[0]
-        raise AnalysisError(f"{path} is not valid YAML ({problem}): restore it, or leave this run out of the "
-                            "report") from None
+        raise AnalysisError(
+            f"{path} is not valid YAML ({problem}): restore it, or leave this run out of the report"
+        ) from None
     missing = [k for k in RUN_CONFIG_KEYS if not isinstance(config, DictConfig) or OmegaConf.select(config, k) is None]
     if missing:
-        raise AnalysisError(f"{path} is not a normlab run config (no {', '.join(missing)}): restore it, or leave this "
-                            "run out of the report")
+        raise AnalysisError(
+            f"{path} is not a normlab run config (no {', '.join(missing)}): restore it, or leave this "
+            "run out of the report"
+        )
     return OmegaConf.to_container(config)
 
 
@@ -84,13 +91,17 @@ def load_run(run_dir: Path) -> Run:
         try:
             run.angles = read_csv(angles)
         except DamagedTable as e:
-            raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it, or regenerate it with "
-                                f"normlab-angles {run_dir} --out {angles}") from None
+            raise AnalysisError(
+                f"{e}: rerun the same normlab-train command, which repairs it, or regenerate it with "
+                f"normlab-angles {run_dir} --out {angles}"
+            ) from None
     return run
 
 
 def find_runs(paths: list[Path]) -> list[Run]:
-    dirs = sorted({m.parent for p in paths for m in ([p / "metrics.csv"] + sorted(p.glob("**/metrics.csv"))) if m.is_file()})
+    dirs = sorted(
+        {m.parent for p in paths for m in ([p / "metrics.csv"] + sorted(p.glob("**/metrics.csv"))) if m.is_file()}
+    )
     return [load_run(d) for d in dirs if (d / "config.yaml").is_file()]
 
 
@@ -119,7 +130,11 @@ def plot_losses(runs: list[Run], path: Path) -> None:
         if run.metrics.get("val/loss"):
             steps, losses = zip(*run.metrics["val/loss"])
             ax_val.plot(steps, losses, "o-", color=color, label=run.label, ms=3)
-    ax_train.set(title="training loss (moving average of 10 steps)", xlabel="optimizer step", ylabel="cross-entropy (nats/token)")
+    ax_train.set(
+        title="training loss (moving average of 10 steps)",
+        xlabel="optimizer step",
+        ylabel="cross-entropy (nats/token)",
+    )
     ax_val.set(title="validation loss", xlabel="optimizer step")
     for ax in (ax_train, ax_val):
         ax.grid(alpha=0.3)
@@ -144,15 +159,27 @@ def null_band(ax, rows: list[dict]) -> None:
 def plot_angles_by_layer(runs: list[Run], path: Path) -> None:
     """Rows: norm input (pre) and output (post); columns: the three references; x: layer."""
     fig, axes = plt.subplots(2, 3, figsize=(14, 7), sharex=True, squeeze=False)
-    for row, (io, io_label) in enumerate((("input", "before the norm"), ("output", "after the norm (affine included)"))):
+    for row, (io, io_label) in enumerate(
+        (("input", "before the norm"), ("output", "after the norm (affine included)"))
+    ):
         for col, reference in enumerate(REFERENCES):
             ax = axes[row][col]
             for k, run in enumerate(runs):
-                rows = sorted((r for r in angle_rows(run, f".{io}") if r["reference"] == reference),
-                              key=lambda r: (r["layer"], r["site"]))
+                rows = sorted(
+                    (r for r in angle_rows(run, f".{io}") if r["reference"] == reference),
+                    key=lambda r: (r["layer"], r["site"]),
+                )
                 x = [r["layer"] + (0.3 if r["site"].startswith("mlp") else 0.0) + 0.08 * k for r in rows]
-                ax.errorbar(x, [r["mean_deg"] for r in rows], yerr=[r["std_deg"] for r in rows], fmt="o", ms=3,
-                            capsize=2, color=NORM_COLORS.get(run.norm), label=run.label)
+                ax.errorbar(
+                    x,
+                    [r["mean_deg"] for r in rows],
+                    yerr=[r["std_deg"] for r in rows],
+                    fmt="o",
+                    ms=3,
+                    capsize=2,
+                    color=NORM_COLORS.get(run.norm),
+                    label=run.label,
+                )
                 if k == 0:
                     null_band(ax, rows)
             ax.set_title(f"{REFERENCE_LABELS[reference]}, {io_label}", fontsize=9)
@@ -163,7 +190,9 @@ def plot_angles_by_layer(runs: list[Run], path: Path) -> None:
         ax.set_ylabel("angle (degrees), mean ± std")
     axes[0][0].legend(fontsize=7)
     step = max(r["step"] for r in runs[0].angles)
-    fig.suptitle(f"{runs[0].config['model']['name']}: angle between hidden vectors and reference vectors, step {step:,}")
+    fig.suptitle(
+        f"{runs[0].config['model']['name']}: angle between hidden vectors and reference vectors, step {step:,}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -173,19 +202,37 @@ def plot_angles_training(run: Run, path: Path) -> None:
     """One panel per layer: the attention norm's input (the residual stream h) across checkpoints."""
     layers = sorted({r["layer"] for r in run.angles})
     cols = min(4, len(layers))
-    fig, axes = plt.subplots(-(-len(layers) // cols), cols, figsize=(4 * cols, 2.8 * -(-len(layers) // cols)),
-                             squeeze=False, sharex=True)
+    fig, axes = plt.subplots(
+        -(-len(layers) // cols), cols, figsize=(4 * cols, 2.8 * -(-len(layers) // cols)), squeeze=False, sharex=True
+    )
     for ax, layer in zip(axes.flat, layers):
         site = "final_norm.input" if layer == layers[-1] else "attn_norm.input"
         for reference in REFERENCES:
-            rows = sorted((r for r in run.angles if r["layer"] == layer and r["site"] == site
-                           and r["reference"] == reference and r["position"] == "all"), key=lambda r: r["step"])
-            ax.errorbar([r["step"] for r in rows], [r["mean_deg"] for r in rows], yerr=[r["std_deg"] for r in rows],
-                        fmt="o-", ms=3, capsize=2, color=REFERENCE_COLORS[reference], label=REFERENCE_LABELS[reference])
+            rows = sorted(
+                (
+                    r
+                    for r in run.angles
+                    if r["layer"] == layer
+                    and r["site"] == site
+                    and r["reference"] == reference
+                    and r["position"] == "all"
+                ),
+                key=lambda r: r["step"],
+            )
+            ax.errorbar(
+                [r["step"] for r in rows],
+                [r["mean_deg"] for r in rows],
+                yerr=[r["std_deg"] for r in rows],
+                fmt="o-",
+                ms=3,
+                capsize=2,
+                color=REFERENCE_COLORS[reference],
+                label=REFERENCE_LABELS[reference],
+            )
         null_band(ax, rows)
         ax.set_title(f"layer {layer} ({site.split('.')[0].replace('_', ' ')} input)", fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in axes.flat[len(layers):]:
+    for ax in axes.flat[len(layers) :]:
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
     fig.supxlabel("training step")
@@ -197,14 +244,18 @@ def plot_angles_training(run: Run, path: Path) -> None:
 
 
 def angle_table(runs: list[Run]) -> str:
-    lines = ["| run | step | angle to 1 before the norms: layer means (min .. max) | largest std | null std |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        "| run | step | angle to 1 before the norms: layer means (min .. max) | largest std | null std |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for run in runs:
         rows = [r for r in angle_rows(run, ".input") if r["reference"] == "uniform"] if run.angles else []
         if rows:
             means = [r["mean_deg"] for r in rows]
-            lines.append(f"| {run.label} | {rows[0]['step']:,} | {min(means):.2f} .. {max(means):.2f} | "
-                         f"{max(r['std_deg'] for r in rows):.2f} | {rows[0]['null_std_deg']:.2f} |")
+            lines.append(
+                f"| {run.label} | {rows[0]['step']:,} | {min(means):.2f} .. {max(means):.2f} | "
+                f"{max(r['std_deg'] for r in rows):.2f} | {rows[0]['null_std_deg']:.2f} |"
+            )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -217,11 +268,18 @@ def summary_table(runs: list[Run]) -> str:
         by_norm[(run.config["model"]["name"], run.norm)].append((run.final("val/loss"), rate))
         lines.append(f"| {run.label} | {parameter_count(run.config):,} | {run.final('val/loss'):.4f} | {rate:,.0f} |")
     if any(len(v) > 1 for v in by_norm.values()):
-        lines += ["", "| model, norm | seeds | final val loss (mean ± std) | tokens/s (mean) |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "| model, norm | seeds | final val loss (mean ± std) | tokens/s (mean) |",
+            "|---|---:|---:|---:|",
+        ]
         for (model, norm), values in sorted(by_norm.items()):
             losses, rates = zip(*values)
             spread = statistics.stdev(losses) if len(losses) > 1 else 0.0
-            lines.append(f"| {model} {norm} | {len(values)} | {statistics.mean(losses):.4f} ± {spread:.4f} | {statistics.mean(rates):,.0f} |")
+            lines.append(
+                f"| {model} {norm} | {len(values)} | {statistics.mean(losses):.4f} ± {spread:.4f} "
+                f"| {statistics.mean(rates):,.0f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -224,10 +224,19 @@ def verify(path: Path) -> Record:
     try:
         size = path.stat().st_size
         if size != record.bytes:
-            raise RunDirError(f"{path} holds {size:,} bytes, its digest file says {record.bytes:,} (truncated or replaced)")
+            raise RunDirError(f"{path} holds {size:,} bytes, its digest file says {record.bytes:,} "
+                              "(truncated or replaced)")
         sha256 = hashlib.sha256()
-        with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=f"verifying {path.name}",
-                                         disable=size < VERIFY_PROGRESS_BYTES) as progress:
+        with (
+            open(path, "rb") as f,
+            tqdm(
+                total=size,
+                unit="B",
+                unit_scale=True,
+                desc=f"verifying {path.name}",
+                disable=size < VERIFY_PROGRESS_BYTES,
+            ) as progress,
+        ):
             while chunk := f.read(1 << 24):
                 sha256.update(chunk)
                 progress.update(len(chunk))
@@ -268,10 +277,16 @@ def process_start(pid: int) -> int | None:
 
 
 def this_process() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-            "ppid": os.getppid(), "slurm_job": os.environ.get("SLURM_JOB_ID"),
-            "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
-            "torchelastic_run": os.environ.get("TORCHELASTIC_RUN_ID"), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": process_start(os.getpid()),
+        "ppid": os.getppid(),
+        "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart": int(os.environ.get("SLURM_RESTART_COUNT", 0)),
+        "torchelastic_run": os.environ.get("TORCHELASTIC_RUN_ID"),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
 
 
 def describe(holder: dict) -> str:
@@ -301,19 +316,27 @@ def stale(holder: dict, me: dict) -> str | None:
     job = holder.get("slurm_job")
     if job and job == me["slurm_job"] and holder.get("slurm_restart", 0) < me["slurm_restart"]:
         return f"Slurm requeued job {job}"
-    if job and (state := slurm_job_state(job)) is not None and state not in ("RUNNING", "COMPLETING", "CONFIGURING",
-                                                                            "SUSPENDED", "STOPPED", "SIGNALING"):
+    if (
+        job
+        and (state := slurm_job_state(job)) is not None
+        and state not in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING")
+    ):
         return f"Slurm job {job} has ended"
     return None
 
 
 def same_launch(holder: dict, me: dict) -> bool:
     """Whether the claim was taken by rank 0 of this process's own launch (srun, torchrun or Lightning's launcher)."""
-    if me["slurm_job"] and (holder.get("slurm_job"), holder.get("slurm_restart")) == (me["slurm_job"], me["slurm_restart"]):
+    if me["slurm_job"] and (holder.get("slurm_job"), holder.get("slurm_restart")) == (
+        me["slurm_job"],
+        me["slurm_restart"],
+    ):
         return True
     if me["torchelastic_run"] not in (None, "", "none") and holder.get("torchelastic_run") == me["torchelastic_run"]:
         return True
-    return holder.get("host") == me["host"] and me["ppid"] != 1 and me["ppid"] in (holder.get("pid"), holder.get("ppid"))
+    return (
+        holder.get("host") == me["host"] and me["ppid"] != 1 and me["ppid"] in (holder.get("pid"), holder.get("ppid"))
+    )
 
 
 class Claim:
@@ -337,8 +360,10 @@ class Claim:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise RunDirError(f"{self.path.parent} is in use by {describe(self.read())}: one process per run "
-                                  "directory; wait for it to end, or stop it first") from None
+                raise RunDirError(
+                    f"{self.path.parent} is in use by {describe(self.read())}: one process per run "
+                    "directory; wait for it to end, or stop it first"
+                ) from None
             try:
                 if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
                     raise FileNotFoundError  # released (deleted) between our open and our lock: try again
@@ -349,8 +374,10 @@ class Claim:
             if holder:
                 if (reason := stale(holder, me)) is None:
                     os.close(fd)
-                    raise RunDirError(f"{self.path.parent} is in use by {describe(holder)}: one process per run "
-                                      f"directory; wait for it to end (if it has ended, delete {self.path})")
+                    raise RunDirError(
+                        f"{self.path.parent} is in use by {describe(holder)}: one process per run "
+                        f"directory; wait for it to end (if it has ended, delete {self.path})"
+                    )
                 warn(f"taking over the claim on {self.path.parent} of {describe(holder)}: {reason}")
             self.fd = fd
             self.update(me)
@@ -378,8 +405,10 @@ class Claim:
                 return holder
             if time.monotonic() > deadline:
                 held = f"it is held by {describe(holder)}" if holder else "nobody claimed it"
-                raise RunDirError(f"rank {process_rank()} waited {timeout:.0f} s for rank 0 to claim "
-                                  f"{self.path.parent}, but {held}: one process per run directory")
+                raise RunDirError(
+                    f"rank {process_rank()} waited {timeout:.0f} s for rank 0 to claim "
+                    f"{self.path.parent}, but {held}: one process per run directory"
+                )
             time.sleep(0.5)
 
 
@@ -400,8 +429,11 @@ def rng_states() -> dict:
     """This process's random number generators: what dropout draws from (the data order does not). Only
     tensors and numbers, so that checkpoints load with torch.load(weights_only=True)."""
     _, keys, pos, has_gauss, gauss = np.random.get_state()
-    states = {"torch": torch.get_rng_state(), "numpy": (torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-              "python": random.getstate()}
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": (torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state()
     return states
@@ -420,8 +452,17 @@ class RunDirectory(Checkpoint):
     """The owner of a run directory (see the module's docstring). train() opens it before the Trainer exists and
     closes it at the end; the other callbacks find it with RunDirectory.of(trainer)."""
 
-    def __init__(self, path: str, every: int, dense_until: int, sparse_every: int, max_steps: int,
-                 val_check_interval: int, extra_steps=(), scheduled: str = "weights"):
+    def __init__(
+        self,
+        path: str,
+        every: int,
+        dense_until: int,
+        sparse_every: int,
+        max_steps: int,
+        val_check_interval: int,
+        extra_steps=(),
+        scheduled: str = "weights",
+    ):
         for name, value in (("every", every), ("dense_until", dense_until), ("sparse_every", sparse_every)):
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"callbacks.scheduled_checkpoints.{name}={value}: give a positive number of steps")
@@ -434,9 +475,11 @@ class RunDirectory(Checkpoint):
         self.steps = set(checkpoint_steps(max_steps, every, dense_until, sparse_every, extra_steps))
         off = sorted(s for s in self.steps | {max_steps} if s % val_check_interval)
         if off:
-            raise ConfigError(f"checkpoint step {off[0]} is not a validation step (trainer.val_check_interval="
-                              f"{val_check_interval}): make trainer.max_steps and the callbacks.scheduled_checkpoints "
-                              "steps multiples of it")
+            raise ConfigError(
+                f"checkpoint step {off[0]} is not a validation step (trainer.val_check_interval="
+                f"{val_check_interval}): make trainer.max_steps and the callbacks.scheduled_checkpoints "
+                "steps multiples of it"
+            )
         self.scheduled_contents, self.val_check_interval, self.max_steps = scheduled, val_check_interval, max_steps
         self.claim = Claim(self.path / CLAIM_FILE)
         self.io = VerifiedCheckpointIO()
@@ -483,8 +526,11 @@ class RunDirectory(Checkpoint):
             self.check_config(cfg)
         self.choose_resume()
         if self.resume_path is not None:
-            print(f"resuming {self.path} from {self.resume_path.relative_to(self.path)} at step {self.resume_step}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"resuming {self.path} from {self.resume_path.relative_to(self.path)} at step {self.resume_step}",
+                file=sys.stderr,
+                flush=True,
+            )
         self.reconcile_metrics()
         self.keep_angles_until(self.resume_step)
         if not (self.path / RUN_ID_FILE).is_file():
@@ -502,26 +548,42 @@ class RunDirectory(Checkpoint):
             return
         saved = self.path / "config.yaml"
         if not saved.is_file():
-            raise RunDirError(f"{self.path} holds checkpoints but no config.yaml to check them against: give another "
-                              "run_dir, or restart=true to move that run aside and start over")
+            raise RunDirError(
+                f"{self.path} holds checkpoints but no config.yaml to check them against: give another "
+                "run_dir, or restart=true to move that run aside and start over"
+            )
         try:
             old = flat(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
         except Exception as e:  # yaml and OmegaConf errors alike
-            raise RunDirError(f"{saved} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}): restore it, or "
-                              "restart=true to move that run aside and start over") from None
+            raise RunDirError(
+                f"{saved} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}): restore it, or "
+                "restart=true to move that run aside and start over"
+            ) from None
         new = flat(OmegaConf.to_container(cfg, resolve=True))
         for config in (old, new):  # where it runs may change, not how many sequences an optimizer step sees
-            devices = [config.get(k) if isinstance(config.get(k), int) else 1 for k in ("trainer.devices", "trainer.num_nodes")]
+            devices = [
+                config.get(k) if isinstance(config.get(k), int) else 1
+                for k in ("trainer.devices", "trainer.num_nodes")
+            ]
             per_step = config.get("data.batch_size", 0) * devices[0] * devices[1]
             config["sequences per optimizer step"] = config.get("global_batch_size") or per_step
         # a run directory that was moved keeps its identity: paths inside it follow it
-        old = {k: v.replace(old.get("run_dir", "\0"), new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
-        changed = [k for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))
-                   if identifies_the_run(k) and old.get(k) != new.get(k)]  # callbacks last: mostly copies
+        old = {
+            k: v.replace(old.get("run_dir", "\0"), new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()
+        }
+        changed = [
+            k
+            for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))
+            if identifies_the_run(k) and old.get(k) != new.get(k)
+        ]  # callbacks last: mostly copies
         if changed:
-            shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (" ..." if len(changed) > 3 else "")
-            raise RunDirError(f"{self.path} holds checkpoints of another config ({shown}): give another run_dir, "
-                              "or restart=true to move that run aside and start over")
+            shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (
+                " ..." if len(changed) > 3 else ""
+            )
+            raise RunDirError(
+                f"{self.path} holds checkpoints of another config ({shown}): give another run_dir, "
+                "or restart=true to move that run aside and start over"
+            )
 
     def move_aside(self) -> None:
         """restart=true: move what the directory holds to <run_dir>.replaced-<time> (nothing is deleted); the new
@@ -566,8 +628,10 @@ class RunDirectory(Checkpoint):
         if damaged or progressed:
             more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
             why = f"{damaged[0]}{more}" if damaged else f"it has {progressed[-1]} but no last.ckpt"
-            raise RunDirError(f"{self.path} has no intact full checkpoint to resume from: {why}; restart=true moves "
-                              "this run aside and starts over")
+            raise RunDirError(
+                f"{self.path} has no intact full checkpoint to resume from: {why}; restart=true moves "
+                "this run aside and starts over"
+            )
 
     # -- metrics.csv and angles.csv
 
@@ -586,8 +650,10 @@ class RunDirectory(Checkpoint):
         logged = {int(r["step"]) for r in kept if r.get("train/loss")}
         missing = sorted(set(range(self.resume_step)) - logged)
         if missing and "train/loss" in header:
-            warn(f"{path} has no training rows for step{'s' * (len(missing) > 1)} {step_ranges(missing)} "
-                 "(lost with the file; they cannot be regenerated)")
+            warn(
+                f"{path} has no training rows for step{'s' * (len(missing) > 1)} {step_ranges(missing)} "
+                "(lost with the file; they cannot be regenerated)"
+            )
 
     def keep_angles_until(self, step: int) -> None:
         path = self.path / ANGLES_FILE
@@ -686,5 +752,7 @@ class RunDirectory(Checkpoint):
         if len(states) == trainer.world_size:
             set_rng_states(states[trainer.global_rank])
         elif states and trainer.is_global_zero:
-            warn(f"the checkpoint holds random states of {len(states)} processes, this run has "
-                 f"{trainer.world_size}: dropout masks will differ from the original run")
+            warn(
+                f"the checkpoint holds random states of {len(states)} processes, this run has "
+                f"{trainer.world_size}: dropout masks will differ from the original run"
+            )

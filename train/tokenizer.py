@@ -45,8 +45,12 @@ def sha256_file(path: Path) -> str:
 def encoding_from_ranks(path: Path) -> tiktoken.Encoding:
     data = path.read_bytes()  # parsed here: tiktoken's loader would leave a cache copy in /tmp
     if hashlib.sha256(data).hexdigest() != RANKS_SHA256:
-        raise TokenizerError(f"{path} is not the GPT-2 ranks file (sha256 mismatch): delete it and run `normlab-prepare`")
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)}
+        raise TokenizerError(
+            f"{path} is not the GPT-2 ranks file (sha256 mismatch): delete it and run `normlab-prepare`"
+        )
+    ranks = {
+        base64.b64decode(token): int(rank) for token, rank in (line.split() for line in data.splitlines() if line)
+    }
     return tiktoken.Encoding(
         name=NAME,
         pat_str=PAT_STR,
@@ -62,7 +66,11 @@ def local_ranks_file(ranks_file: Path | None = None) -> Path | None:
         if not Path(ranks_file).is_file():
             raise TokenizerError(f"tokenizer ranks file {ranks_file} does not exist")
         return Path(ranks_file)
-    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") or Path(tempfile.gettempdir()) / "data-gym-cache"
+    cache = (
+        os.environ.get("TIKTOKEN_CACHE_DIR")
+        or os.environ.get("DATA_GYM_CACHE_DIR")
+        or Path(tempfile.gettempdir()) / "data-gym-cache"
+    )
     cached = Path(cache) / hashlib.sha1(TIKTOKEN_URL.encode()).hexdigest()  # where tiktoken keeps its download
     for path in (RANKS_FILE, cached):
         if path.is_file() and sha256_file(path) == RANKS_SHA256:
@@ -81,22 +89,37 @@ def gpt2(ranks_file: Path | None = None) -> tiktoken.Encoding:
     except Exception as e:  # tiktoken raises requests' errors, or ValueError on a bad cache
         raise TokenizerError(
             f"no GPT-2 tokenizer available offline ({type(e).__name__}): on a machine with network run "
-            f"`{FETCH_HINT}` and then `normlab-prepare`, or copy data/tokenizer/ here, or pass tokenizer_ranks_file=PATH"
+            f"`{FETCH_HINT}` and then `normlab-prepare`, or copy data/tokenizer/ here, or pass "
+            "tokenizer_ranks_file=PATH"
         ) from None
 
 
 def fetch_sdist(requirement: str, downloads: Path) -> Path:
     """Download a source archive from the package registry (once) and return its path."""
     name, version = requirement.split("==")
+
     def found() -> list[Path]:  # sdists are named with _ (new) or - (old)
-        return sorted(downloads.glob(f"{name.replace('-', '_')}-{version}.tar.gz")) or sorted(downloads.glob(f"{name}-{version}.tar.gz"))
+        return sorted(downloads.glob(f"{name.replace('-', '_')}-{version}.tar.gz")) or sorted(
+            downloads.glob(f"{name}-{version}.tar.gz")
+        )
 
     if found():
         return found()[0]
     downloads.mkdir(parents=True, exist_ok=True)
     print(f"downloading {requirement} (source archive) into {downloads}", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-           requirement, "-d", str(downloads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        requirement,
+        "-d",
+        str(downloads),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode or not found():
         raise NormlabError(
