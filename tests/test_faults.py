@@ -197,20 +197,24 @@ def test_sigterm_saves_the_step_exits_143_and_a_copied_damaged_run_resumes_exact
     assert_same_run(copy, whole)
 
 
-def test_sigterm_stops_a_sweep_and_says_which_jobs_did_not_run(whole, tmp_path):
+def test_sigusr1_stops_a_sweep_and_says_which_jobs_did_not_run(whole, tmp_path):
+    """SIGUSR1 outside Slurm (nothing to requeue) stops like SIGTERM, with its own exit code; in a sweep, before the
+    next job."""
     sweep = ["-m", "norm=layernorm,rmsnorm", "experiment_name=sweep", f"paths.output_dir={tmp_path}"]
     process = start(*sweep)
     runs = tmp_path / "sweep"
     assert wait_for(process, lambda: any(logged_steps(r) >= 5 for r in runs.glob("tiny-layernorm-*")))
-    process.send_signal(signal.SIGTERM)
-    err = finish(process, 128 + signal.SIGTERM)
+    process.send_signal(signal.SIGUSR1)
+    err = finish(process, 128 + signal.SIGUSR1)
     last_line = err.strip().splitlines()[-1]
-    assert last_line.startswith("normlab-train: error: SIGTERM: saved") and "at step" in last_line
-    assert last_line.endswith("; jobs not run: norm=rmsnorm (run the same command again: finished runs are skipped)")
+    (ln_run,) = runs.glob("tiny-layernorm-*")
+    stopped_at = logged_steps(ln_run)
+    assert last_line == (f"normlab-train: error: SIGUSR1: saved {ln_run}/checkpoints/last.ckpt at step {stopped_at}; "
+                         "run the same command to resume from it; jobs not run: norm=rmsnorm (run the same command "
+                         "again: finished runs are skipped)")
     assert not list(runs.glob("tiny-rmsnorm-*"))  # the second job never started
 
     finish(start(*sweep))  # the same command again: the first run resumes, the second runs
-    (ln_run,) = runs.glob("tiny-layernorm-*")
     (rms_run,) = runs.glob("tiny-rmsnorm-*")
     assert_same_run(ln_run, whole)
     assert logged_steps(rms_run) == 36
@@ -220,8 +224,11 @@ def test_a_second_start_on_a_run_in_use_is_refused_and_the_first_is_undisturbed(
     run = tmp_path / "run"
     first = start(f"run_dir={run}")
     assert wait_for(first, lambda: logged_steps(run) >= 2)
-    second = start(f"run_dir={run}")
-    err = finish(second, 2)
+    first.send_signal(signal.SIGSTOP)  # paused, holding the claim: however fast this machine, it is still in use
+    try:
+        err = finish(start(f"run_dir={run}"), 2)
+    finally:
+        first.send_signal(signal.SIGCONT)
     (line,) = err.strip().splitlines()
     assert line.startswith(f"normlab-train: error: {run} is in use by pid {first.pid} on ")
     assert "one process per run directory" in line
