@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from train.paths import CONF_DIR, DATA_DIR
+from normlab.paths import CONF_DIR, DATA_DIR
 
 BIN = Path(sys.executable).parent
 EMBEDDED = DATA_DIR / "embedded"

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import FAST_TRAIN, run_cli
 from test_angles import tiny_hf
-from train.angles import read_csv
+from normlab.angles import read_csv
 
 STEP_2 = "run/checkpoints/step-0000002.ckpt"
 SCHEDULED_ONLY = shutil.ignore_patterns("last.ckpt*", "previous.ckpt*")  # large, and not analysed: left out of copies

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from conftest import run_cli
-from train.angles import LAYOUTS, AngleProbe, NormSite, measure, norm_sites, read_csv
-from train.model import GPT, GPTConfig
-from train.norms import LayerNorm, RMSNorm
+from normlab.angles import LAYOUTS, AngleProbe, NormSite, measure, norm_sites, read_csv
+from normlab.model import GPT, GPTConfig
+from normlab.norms import LayerNorm, RMSNorm
 
 
 def identity_probe(d):
@@ -126,9 +126,9 @@ def test_padding_is_masked_and_first_positions_are_reported_separately():
 
 DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
-from train.angles import measure, norm_sites
-from train.model import GPT, GPTConfig
-from train.norms import RMSNorm
+from normlab.angles import measure, norm_sites
+from normlab.model import GPT, GPTConfig
+from normlab.norms import RMSNorm
 rank, world, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{path}.rendezvous", rank=rank, world_size=world)
 model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)

@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import compose_config, run_cli
-from train.paths import PROJECT_ROOT
+from normlab.paths import PROJECT_ROOT
 
 
 @pytest.mark.parametrize("model", ["tiny", "70m", "160m", "410m", "1b"])
@@ -66,7 +66,7 @@ def test_every_data_entry_composes_for_prepare_and_train(data):
     prep = compose_config("prepare", [f"data={data}"])
     train = compose_config("train", [f"data={data}"])
     assert prep.data.source == train.data.source
-    assert train.data._target_ == "train.data.TokenDataModule" and train.data.dir.endswith(f"/data/{train.data.name}")
+    assert train.data._target_ == "normlab.data.TokenDataModule" and train.data.dir.endswith(f"/data/{train.data.name}")
     if data == "wikipedia":
         assert prep.data.source.probe_tokens == 1_000_000 and prep.data.source.streaming
     if data == "openwebtext":

@@ -5,8 +5,8 @@ import itertools
 import torch
 
 from conftest import compose_config
-from train.cli import build_module
-from train.data import ShuffledWindows
+from normlab.cli import build_module
+from normlab.data import ShuffledWindows
 
 
 def modules(seed=0, model="tiny"):

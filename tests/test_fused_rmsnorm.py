@@ -1,4 +1,4 @@
-"""train.fused_rmsnorm.rms_norm against F.rms_norm: forward, both gradients, every dtype, and the fallback."""
+"""normlab.fused_rmsnorm.rms_norm against F.rms_norm: forward, both gradients, every dtype, and the fallback."""
 
 import shutil
 import warnings
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train import fused_rmsnorm
-from train.fused_rmsnorm import rms_norm
+from normlab import fused_rmsnorm
+from normlab.fused_rmsnorm import rms_norm
 
 EPS = 1e-5
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import compose_config, run_cli
-from train.cli import build_model
-from train.model import GPT, GPTConfig
-from train.norms import LayerNorm, RMSNorm
+from normlab.cli import build_model
+from normlab.model import GPT, GPTConfig
+from normlab.norms import LayerNorm, RMSNorm
 
 # ../shared/REFERENCE.md section 2: GPT-2 blocks with biases, LayerNorm with bias, vocab 50257, context 1024.
 PAPER_COUNTS = {  # preset: (layers, d, tied count, untied count)

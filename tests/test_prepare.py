@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from tiktoken_ext import openai_public
 
 from conftest import BIN, DOCS, compose_config, local_corpus_config, run_cli
-from train import prepare, tokenizer
-from train.errors import DataError
+from normlab import prepare, tokenizer
+from normlab.errors import DataError
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1"}
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import cluster_ready, needs_slurm, state, wait
-from train.run_dir import Claim, RunDirError, process_start, read_table, this_process
+from normlab.run_dir import Claim, RunDirError, process_start, read_table, this_process
 
 
 def claim_of(run, **holder) -> Claim:

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import compose_config
-from train import runtime
-from train.angles import measure, norm_sites
-from train.cli import build_module
-from train.errors import ConfigError
+from normlab import runtime
+from normlab.angles import measure, norm_sites
+from normlab.cli import build_module
+from normlab.errors import ConfigError
 
 
 def test_threads_default_to_the_cores_shared_by_the_processes_of_a_node():

@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import FAST_TRAIN, compose_config, run_cli
-from train.angles import read_csv
-from train.callbacks import checkpoint_steps
-from train.cli import build_model, gradient_accumulation
-from train.data import ShuffledWindows
-from train.model import GPT, GPTConfig
-from train.norms import LayerNorm
+from normlab.angles import read_csv
+from normlab.callbacks import checkpoint_steps
+from normlab.cli import build_model, gradient_accumulation
+from normlab.data import ShuffledWindows
+from normlab.model import GPT, GPTConfig
+from normlab.norms import LayerNorm
 
 PAPER = {  # experiment: (model, steps, GPUs, peak lr, parameters with LayerNorm)
     "paper_70m": ("70m", 100_000, 4, 1e-3, 70_902_784),
@@ -86,7 +86,7 @@ def test_wandb_run_is_grouped_by_experiment_and_tagged():
     cfg = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=2"])
     assert cfg.logger.wandb.group == "paper_70m" and list(cfg.logger.wandb.tags) == ["rmsnorm", "70m", "seed2"]
     assert cfg.logger.wandb.job_type == "train" and cfg.logger.wandb.project == "normlab"
-    assert cfg.logger.wandb.id is None  # drawn when the run starts (train/run_dir.py), kept in <run_dir>/run_id
+    assert cfg.logger.wandb.id is None  # drawn when the run starts (train/normlab/run_dir.py), kept in <run_dir>/run_id
 
 
 def step_losses(run_dir):

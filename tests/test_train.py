@@ -11,11 +11,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, compose_config, run_cli
-from train.errors import NonFiniteError
-from train.cli import build, build_module, build_trainer
-from train.angles import read_csv
-from train.module import lr_factor
-from train.run_dir import verify
+from normlab.errors import NonFiniteError
+from normlab.cli import build, build_module, build_trainer
+from normlab.angles import read_csv
+from normlab.module import lr_factor
+from normlab.run_dir import verify
 
 NORMS = ("layernorm", "rmsnorm")
 

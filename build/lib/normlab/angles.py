@@ -1,0 +1,594 @@
+"""The angle study: streaming statistics of the angle between hidden vectors and reference vectors.
+
+For every norm layer, forward hooks see the norm's input (h for the attention norm, h + a for the MLP norm,
+the last residual stream for the final norm) and its output after the affine map, and reduce them at once
+to statistics; nothing else is kept, so memory does not depend on the number of tokens. Per
+(layer, site, reference, position) a row holds count, mean, M2 (Welford/Chan, float64), min, max, a 1-degree
+histogram, the mean norm of the vectors and the mean cos^2 of the angle (the share of their squared norm that
+lies along the reference). References: the uniform vector 1, a random vector a~ with the same norm sqrt(d)
+and a random vector b~ with another norm (fixed seeds). Rows at site "<norm>.rotation" hold the angle between
+each norm's input and output. Position "all" counts every token, "first" only the first of each sequence.
+Null model: a random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector.
+"""
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from normlab.errors import NormlabError
+
+REFERENCES = ("uniform", "random_a", "random_b")
+POSITIONS = ("all", "first")
+BINS = 180  # 1-degree histogram over [0, 180]
+CSV_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg", "max_deg",
+               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d", "histogram")
+
+
+@dataclass(frozen=True)
+class NormSite:
+    """A norm module to watch: `role` is attn_norm, mlp_norm or final_norm; final_norm has layer = n_layer."""
+    layer: int
+    role: str
+    module: nn.Module
+
+
+# Where the norms are, per architecture: (list of blocks, attention norm, MLP norm or None, final norm).
+LAYOUTS = {
+    "normlab": ("blocks", "ln_1", "ln_2", "ln_f"),
+    "gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),
+    "gpt_neo": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),
+    "gptj": ("transformer.h", "ln_1", None, "transformer.ln_f"),  # attention and MLP share one norm
+    "gpt_neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm"),
+    "llama": ("model.layers", "input_layernorm", "post_attention_layernorm", "model.norm"),
+}
+
+
+def norm_sites(model: nn.Module, layout: str) -> list[NormSite]:
+    """The norm modules of `model` (an architecture of LAYOUTS), in forward order."""
+    blocks, attn_norm, mlp_norm, final_norm = LAYOUTS[layout]
+    sites = []
+    for i, block in enumerate(model.get_submodule(blocks)):
+        sites.append(NormSite(i, "attn_norm", block.get_submodule(attn_norm)))
+        if mlp_norm is not None:
+            sites.append(NormSite(i, "mlp_norm", block.get_submodule(mlp_norm)))
+    sites.append(NormSite(len(model.get_submodule(blocks)), "final_norm", model.get_submodule(final_norm)))
+    return sites
+
+
+def reference_vectors(d: int, seed_a: int = 1, seed_b: int = 2, norm_b: float = 0.5) -> torch.Tensor:
+    """[3, d]: the uniform vector 1 (norm sqrt d), a~ of norm sqrt(d) and b~ of norm norm_b * sqrt(d)."""
+    gen_a, gen_b = torch.Generator().manual_seed(seed_a), torch.Generator().manual_seed(seed_b)
+    a, b = torch.randn(d, generator=gen_a, dtype=torch.float64), torch.randn(d, generator=gen_b, dtype=torch.float64)
+    return torch.stack([torch.ones(d, dtype=torch.float64), a / a.norm() * d**0.5, b / b.norm() * norm_b * d**0.5])
+
+
+class AngleStats:
+    """Mergeable statistics of many angle series at once, one row per (layer, site, reference, position)."""
+
+    def __init__(self, rows: list[tuple[int, str, str, str]], d: int, device=None):
+        self.rows, self.d = rows, d
+        self.index = {row: i for i, row in enumerate(rows)}
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        self.count, self.mean, self.m2 = zeros(len(rows)), zeros(len(rows)), zeros(len(rows))
+        self.min, self.max = zeros(len(rows)).fill_(math.inf), zeros(len(rows)).fill_(-math.inf)
+        self.hist, self.norm_sum, self.cos2_sum = zeros(len(rows), BINS), zeros(len(rows)), zeros(len(rows))
+
+    TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum")
+
+    def update(self, idx: torch.Tensor, degrees: torch.Tensor, norms: torch.Tensor, cos2: torch.Tensor) -> None:
+        """Add the values degrees[k, :] (with their vectors' norms[k, :] and cos2[k, :]) to row idx[k]."""
+        n = degrees.shape[1]
+        if n == 0:
+            return
+        degrees = degrees.double()
+        mean_b = degrees.mean(1)
+        m2_b = ((degrees - mean_b[:, None]) ** 2).sum(1)
+        self._merge_moments(idx, torch.full_like(mean_b, n), mean_b, m2_b)
+        self.min[idx] = torch.minimum(self.min[idx], degrees.amin(1))
+        self.max[idx] = torch.maximum(self.max[idx], degrees.amax(1))
+        bins = degrees.long().clamp_(0, BINS - 1) + torch.arange(len(idx), device=degrees.device)[:, None] * BINS
+        counts = torch.bincount(bins.flatten(), minlength=len(idx) * BINS).view(len(idx), BINS)
+        self.hist[idx] += counts.double()
+        self.norm_sum[idx] += norms.sum(1, dtype=torch.float64)
+        self.cos2_sum[idx] += cos2.sum(1, dtype=torch.float64)
+
+    def _merge_moments(self, idx, n_b, mean_b, m2_b) -> None:
+        n_a, mean_a = self.count[idx], self.mean[idx]
+        total = n_a + n_b
+        delta = mean_b - mean_a
+        self.mean[idx] = mean_a + delta * n_b / total
+        self.m2[idx] = self.m2[idx] + m2_b + delta**2 * n_a * n_b / total
+        self.count[idx] = total
+
+    def merge(self, other: "AngleStats") -> "AngleStats":
+        """Combine with statistics of other tokens (Chan et al.): the result is that of one pass over both."""
+        assert other.rows == self.rows
+        idx = torch.nonzero(other.count, as_tuple=True)[0]
+        if len(idx):
+            self._merge_moments(idx, other.count[idx], other.mean[idx], other.m2[idx])
+        self.min, self.max = torch.minimum(self.min, other.min), torch.maximum(self.max, other.max)
+        self.hist += other.hist
+        self.norm_sum += other.norm_sum
+        self.cos2_sum += other.cos2_sum
+        return self
+
+    def all_reduce(self) -> "AngleStats":
+        """Merge the statistics of every DDP rank, in rank order, into every rank's copy."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self
+        flat = torch.cat([getattr(self, t).reshape(len(self.rows), -1) for t in self.TENSORS], 1)
+        gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, flat)
+        merged = AngleStats(self.rows, self.d, flat.device)
+        for tensor in gathered:
+            merged.merge(AngleStats.from_flat(self.rows, self.d, tensor))
+        return merged
+
+    @classmethod
+    def from_flat(cls, rows, d, flat: torch.Tensor) -> "AngleStats":
+        stats = cls(rows, d, flat.device)
+        widths = [BINS if t == "hist" else 1 for t in cls.TENSORS]
+        for name, part in zip(cls.TENSORS, flat.split(widths, 1)):
+            setattr(stats, name, part.squeeze(1) if part.shape[1] == 1 else part.clone())
+        return stats
+
+    def records(self, step: int) -> list[dict]:
+        """One CSV row per statistics row that saw tokens."""
+        null_std = math.degrees(1 / math.sqrt(self.d))
+        count, mean, m2, hist = self.count.cpu(), self.mean.cpu(), self.m2.cpu(), self.hist.cpu().long()
+        out = []
+        for i, (layer, site, reference, position) in enumerate(self.rows):
+            n = count[i].item()
+            if n == 0:
+                continue
+            out.append({"step": step, "layer": layer, "site": site, "reference": reference, "position": position,
+                        "count": int(n), "mean_deg": mean[i].item(), "std_deg": math.sqrt(m2[i].item() / n),
+                        "min_deg": self.min[i].item(), "max_deg": self.max[i].item(),
+                        "mean_norm": self.norm_sum[i].item() / n, "mean_cos2": self.cos2_sum[i].item() / n,
+                        "null_mean_deg": 90.0, "null_std_deg": null_std, "d": self.d,
+                        "histogram": " ".join(map(str, hist[i].tolist()))})  # counts per degree, 0..180
+        return out
+
+
+def site_rows(site: NormSite, position: str) -> list[tuple[int, str, str, str]]:
+    """The 7 rows of one norm at one position: its input and output against each reference, and its rotation."""
+    rows = [(site.layer, f"{site.role}.{io}", ref, position) for io in ("input", "output") for ref in REFERENCES]
+    return rows + [(site.layer, f"{site.role}.rotation", "input", position)]
+
+
+def stat_rows(sites: list[NormSite]) -> list[tuple[int, str, str, str]]:
+    return [row for s in sites for position in POSITIONS for row in site_rows(s, position)]
+
+
+class AngleProbe:
+    """Forward hooks on the norm modules that feed AngleStats. A hook reduces the norm's input and output to a
+    few numbers per token (their norms, their dot products with the references, the rotation); `flush()`, after
+    each forward, turns those of every site into angles and statistics at once. `mask` ([B, T] bool, True = real
+    token) must be set before each forward when batches are padded."""
+
+    def __init__(self, sites: list[NormSite], d: int, device=None, **reference_kwargs):
+        self.sites, self.d = sites, d
+        self.stats = AngleStats(stat_rows(sites), d, device)
+        self.references = reference_vectors(d, **reference_kwargs).to(device=device, dtype=torch.float32)
+        self.reference_norms = self.references.norm(dim=1)
+        self.mask: torch.Tensor | None = None
+        self._pending: list[tuple[NormSite, torch.Tensor]] = []
+        self._row_cache: dict[tuple, torch.Tensor] = {}
+
+    @contextmanager
+    def hooks(self):
+        handles = [s.module.register_forward_hook(self._hook(s)) for s in self.sites]
+        try:
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, site: NormSite):
+        def hook(module, args, output):
+            x = args[0] if args else None
+            y = output[0] if isinstance(output, tuple) else output
+            if any(pending is site for pending, _ in self._pending):  # a norm called twice in one forward
+                self.flush()
+            self._pending.append((site, self._per_token(x.detach().float(), y.detach().float())))
+
+        return hook
+
+    def _per_token(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[B, T, 9]: x and y against each reference (dot products), |x|, |y|, and |x^ - y^| (unit vectors)."""
+        x_norm, y_norm = x.norm(dim=-1, keepdim=True), y.norm(dim=-1, keepdim=True)
+        # The rotation is small, so it is measured from |x^ - y^| (see flush), which keeps the precision that
+        # an angle from x . y loses near 0.
+        gap = torch.addcmul(x / x_norm.clamp_min(1e-30), y, -1 / y_norm.clamp_min(1e-30)).norm(dim=-1, keepdim=True)
+        return torch.cat([x @ self.references.T, y @ self.references.T, x_norm, y_norm, gap], -1)
+
+    def flush(self) -> None:
+        """Add what the hooks saw since the last flush to the statistics: one update per position for all sites."""
+        pending, self._pending = self._pending, []
+        by_shape: dict[tuple, list] = {}
+        for site, values in pending:
+            by_shape.setdefault(values.shape, []).append((site, values))
+        for group in by_shape.values():
+            sites, values = zip(*group)
+            values = torch.stack(values)  # [sites, B, T, 9]
+            mask = self.mask
+            if mask is None:
+                mask = torch.ones(values.shape[1:3], dtype=torch.bool, device=values.device)
+            for position, selected in (("all", values[:, mask]), ("first", values[:, :, 0][:, mask[:, 0]])):
+                self._update(sites, position, selected)
+
+    def _update(self, sites, position: str, values: torch.Tensor) -> None:
+        """values: [sites, tokens, 9] from _per_token."""
+        dots, x_norm, y_norm, gap = values[..., :6], values[..., 6], values[..., 7], values[..., 8]
+        norms = torch.stack([x_norm] * 3 + [y_norm] * 3 + [x_norm], 1)  # [sites, 7, tokens], in site_rows order
+        cos = dots.transpose(1, 2) / (norms[:, :6] * self.reference_norms.repeat(2)[:, None]).clamp_min(1e-30)
+        radians = torch.acos(cos.clamp(-1, 1))  # well conditioned: these angles lie near 90 degrees
+        # for unit vectors |x^ + y^| = sqrt(4 - |x^ - y^|^2), and the angle between them is 2 atan2 of the two
+        rotation = 2 * torch.atan2(gap, (4 - gap**2).clamp_min(0).sqrt())
+        radians = torch.cat([radians, rotation[:, None]], 1)
+        rows = torch.cat([self._rows(site, position) for site in sites])
+        self.stats.update(
+            rows, torch.rad2deg(radians).flatten(0, 1), norms.flatten(0, 1), (torch.cos(radians) ** 2).flatten(0, 1)
+        )
+
+    def _rows(self, site: NormSite, position: str) -> torch.Tensor:
+        key = (site.layer, site.role, position)
+        if key not in self._row_cache:
+            rows = [self.stats.index[r] for r in site_rows(site, position)]
+            self._row_cache[key] = torch.tensor(rows, device=self.references.device)
+        return self._row_cache[key]
+
+
+@torch.no_grad()
+def measure(forward, sites: list[NormSite], d: int, batches, device=None, **reference_kwargs) -> AngleStats:
+    """Run `forward(ids, mask)` over `batches` of (ids, mask or None) with the hooks on; return the stats
+    (merged over DDP ranks when a process group is initialised)."""
+    probe = AngleProbe(sites, d, device, **reference_kwargs)
+    with probe.hooks():
+        for ids, mask in batches:
+            probe.mask = mask
+            forward(ids, mask)
+            probe.flush()
+    return probe.stats.all_reduce()
+
+
+def append_csv(path: Path, records: list[dict]) -> None:
+    """Append `records` to the CSV at `path`, first dropping rows of the same or later steps (so that measuring a
+    run again rewrites its rows, without duplicates) and any torn or damaged row."""
+    from normlab.run_dir import read_table, warn
+
+    step = min(r["step"] for r in records)
+    _, rows, dropped = read_table(path)
+    if dropped:
+        warn(f"{path}: dropped {dropped} torn or damaged row{'s' * (dropped > 1)}")
+    kept = [row for row in rows if int(row["step"]) < step]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(kept + records)
+    tmp.replace(path)
+
+
+# -- reading the CSV files back (normlab-report, tests)
+
+
+class AnalysisError(NormlabError):
+    """Input that normlab-angles or normlab-report cannot analyse as given."""
+
+
+class DamagedTable(AnalysisError):
+    """A CSV file with a row cut short or damaged."""
+
+
+def read_rows(path: str | Path, parse: Callable[[str, str], object], columns=("step",)) -> list[dict]:
+    """The rows of a CSV file that normlab writes, each value through parse(column, value). A header without
+    `columns`, a row cut short (the last line without its newline), with another number of fields than the header,
+    or with a value that does not parse raises DamagedTable naming its line (normlab.run_dir.read_table drops the same
+    rows, silently)."""
+    lines = Path(path).read_bytes().decode("utf-8", errors="replace").split("\n")
+    if lines.pop():
+        raise DamagedTable(f"{path}, line {len(lines) + 1}, is cut short (no newline at its end)")
+    header = next(csv.reader(lines[:1]), [])
+    if lines and (missing := [c for c in columns if c not in header]):
+        raise DamagedTable(f"{path}, line 1: the header has no {', '.join(missing)} column")
+    rows = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = next(csv.reader([line]), [])
+        if len(fields) != len(header):
+            raise DamagedTable(f"{path}, line {number}, has {len(fields)} fields, its header {len(header)}")
+        row = {}
+        for column, value in zip(header, fields):
+            try:
+                row[column] = parse(column, value)
+            except ValueError:
+                raise DamagedTable(f"{path}, line {number}: {column} '{value[:20]}' is not a number") from None
+        rows.append(row)
+    return rows
+
+
+ANGLE_COLUMN_TYPES = {
+    "step": int,
+    "layer": int,
+    "count": int,
+    "d": int,
+    "site": str,
+    "reference": str,
+    "position": str,
+    "histogram": lambda v: [int(c) for c in v.split()],
+}  # any other column: float
+
+
+def read_csv(path: str | Path) -> list[dict]:
+    """angles.csv as dicts of numbers (histogram: a list of counts per degree)."""
+    return read_rows(path, lambda column, value: ANGLE_COLUMN_TYPES.get(column, float)(value), CSV_COLUMNS)
+
+
+# -- normlab-angles: the same statistics for saved normlab checkpoints and local Hugging Face models
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Reports a bad command line as one line `prog: error: message`, like the tools' other errors (argparse would
+    print its usage block first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not positive: give at least 1")
+    return value
+
+
+def device_name(text: str) -> str:
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"unknown device '{text}': give cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: no CUDA device is available here, give --device cpu")
+    return text
+
+
+@contextmanager
+def loading(what: str):
+    """An error of transformers reading a model directory, as one line naming what it was reading."""
+    try:
+        yield
+    except Exception as e:  # transformers raises OSError, ValueError, KeyError... for damaged files
+        raise AnalysisError(f"cannot load {what} ({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
+
+
+def load_checkpoint(path: Path) -> dict:
+    """A normlab checkpoint, memory-mapped: its tensors are read from the file when used."""
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+
+
+def load_normlab(path: Path) -> nn.Module:
+    """A normlab model from a checkpoint, full or weights only (its config rides in the checkpoint)."""
+    from omegaconf import OmegaConf
+
+    from normlab.cli import build_model
+
+    ckpt = load_checkpoint(path)
+    model = build_model(OmegaConf.create(ckpt["hyper_parameters"]["config"]))
+    weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(weights)
+    return model
+
+
+def load_hugging_face(path: Path) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with loading(f"the model in {path}"):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # raw weights: nothing folded
+
+
+def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> torch.Tensor:
+    """The probe for a Hugging Face model: its text re-tokenized with the model's own tokenizer when the
+    directory has one, else the GPT-2 ids themselves (which needs a GPT-2-sized vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from normlab import tokenizer as gpt2
+
+    tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    if not any((path / f).exists() for f in tokenizer_files):
+        if vocab_size < gpt2.VOCAB_SIZE:
+            raise AnalysisError(
+                f"{path} has no tokenizer and a vocabulary of {vocab_size} < 50257: add the model's tokenizer files"
+            )
+        return probe[:, :seq_len]
+    with loading(f"the tokenizer in {path}"):
+        tok = AutoTokenizer.from_pretrained(path)
+    documents = gpt2.gpt2().decode(probe.flatten().tolist()).split("<|endoftext|>")
+    ids = [t for doc in documents if doc for t in tok(doc)["input_ids"] + [tok.eos_token_id or 0]]
+    n = min(len(ids) // seq_len, probe.numel() // seq_len)
+    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
+
+
+@dataclass
+class Analysis:
+    """A path given to normlab-angles, checked and ready to measure."""
+
+    path: Path
+    layout: str  # a key of LAYOUTS
+    checkpoints: list[tuple[int, Callable[[], nn.Module]]]  # (step, what loads its model), in step order
+    windows: torch.Tensor  # the probe: [sequences, seq_len] token ids
+    warnings: list[str]
+
+
+def checked_seq_len(args, path: Path, context: int, context_name: str) -> int:
+    """--seq-len (default: the model's context, at most 1024), checked against the context and --tokens."""
+    seq_len = args.seq_len or min(1024, context)
+    if seq_len > context:
+        raise AnalysisError(
+            f"--seq-len {seq_len} is beyond the context of {path} ({context} tokens, {context_name}): "
+            f"give at most {context}"
+        )
+    if args.tokens is not None and args.tokens < seq_len:
+        raise AnalysisError(
+            f"--tokens {args.tokens} is less than one sequence of {seq_len} tokens: give at least "
+            f"{seq_len}, a smaller --seq-len, or no --tokens for the whole split"
+        )
+    return seq_len
+
+
+def plan_hugging_face(path: Path, args) -> Analysis:
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_bytes())
+    except ValueError as e:
+        raise AnalysisError(f"{config_file} is not valid JSON ({e}): restore the model's config.json") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in LAYOUTS or model_type == "normlab":
+        raise AnalysisError(
+            f"{path}: model type {model_type} is not supported "
+            f"(supported: {', '.join(k for k in LAYOUTS if k != 'normlab')})"
+        )
+    from transformers import AutoConfig
+
+    from normlab.data import load_probe
+
+    with loading(config_file):
+        config = AutoConfig.from_pretrained(path)
+    context_key = "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings"
+    seq_len = checked_seq_len(args, path, getattr(config, context_key), f"{context_key} in config.json")
+    probe = load_probe(args.probe_dir, args.split, args.tokens, seq_len)
+    windows = hf_windows(path, probe, config.vocab_size, seq_len)
+    return Analysis(path, model_type, [(0, partial(load_hugging_face, path))], windows, [])
+
+
+def plan_normlab(path: Path, args) -> Analysis:
+    """A checkpoint, or every intact scheduled checkpoint of a run directory (damaged ones: a warning each)."""
+    from omegaconf import OmegaConf
+
+    from normlab.data import load_probe
+    from normlab.run_dir import RunDirError, verify
+
+    is_run = path.is_dir()
+    checkpoints = sorted((path / "checkpoints").glob("step-*.ckpt")) if is_run else [path]
+    if not checkpoints:
+        raise AnalysisError(
+            f"no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {path}: give a .ckpt, a run "
+            "directory or a Hugging Face model directory (with its config.json)"
+        )
+    intact, damaged = [], []
+    for checkpoint in checkpoints:
+        try:
+            intact.append((verify(checkpoint).step, checkpoint))
+        except RunDirError as e:
+            if not is_run:
+                raise AnalysisError(f"{e}: give another checkpoint of the run, or the run directory") from None
+            damaged.append(str(e))
+    if not intact:
+        more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
+        raise AnalysisError(
+            f"no intact checkpoint in {path / 'checkpoints'}: {damaged[0]}{more}; restore them from a "
+            "copy, or train the run again"
+        )
+    model = OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]).model
+    seq_len = checked_seq_len(args, path, model.block_size, "model.block_size")
+    windows = load_probe(args.probe_dir, args.split, args.tokens, seq_len, model.vocab_size)
+    return Analysis(
+        path,
+        "normlab",
+        [(step, partial(load_normlab, c)) for step, c in sorted(intact)],
+        windows,
+        [f"{reason}: skipped" for reason in damaged],
+    )
+
+
+def plan(path: Path, args) -> Analysis:
+    if not path.exists():
+        raise AnalysisError(f"{path} does not exist: give a .ckpt, a run directory or a Hugging Face model directory")
+    if (path / "config.json").is_file():
+        return plan_hugging_face(path, args)
+    return plan_normlab(path, args)
+
+
+def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[dict]:
+    """The angle rows of every checkpoint of `analysis`, loading one model at a time."""
+    batches = [
+        (b.to(device), torch.ones_like(b, dtype=torch.bool, device=device)) for b in analysis.windows.split(batch_size)
+    ]
+    records = []
+    for step, load in analysis.checkpoints:
+        model = load().to(device).eval()
+        if analysis.layout == "normlab":
+            d, forward = model.config.n_embd, lambda ids, mask, m=model: m.hidden(ids)
+        else:
+            d = model.config.hidden_size
+            forward = lambda ids, mask, m=model: m.base_model(input_ids=ids, attention_mask=mask)  # noqa: E731
+        progress = tqdm(batches, desc=f"{analysis.path.name} step {step}", unit="batch")
+        records += measure(forward, norm_sites(model, analysis.layout), d, progress, device).records(step)
+        model.cpu()
+    return records
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = OneLineParser(
+        prog="normlab-angles",
+        description="Angle statistics (angles.csv) for normlab "
+        "checkpoints or run directories, or local Hugging Face causal LM directories.",
+    )
+    parser.add_argument(
+        "paths", nargs="+", type=Path, help="a .ckpt, a run directory (all its checkpoints) or a HF model directory"
+    )
+    parser.add_argument(
+        "--probe-dir", default="data/embedded", help="a prepared data directory (default: data/embedded)"
+    )
+    parser.add_argument("--split", default="val", help="its split to probe with (val, or probe for data=wikipedia)")
+    parser.add_argument("--tokens", type=positive_int, default=None, help="probe tokens (default: all of the split)")
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=None,
+        help="tokens per sequence (default: the model's context, at most 1024)",
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None, help="CSV to write (default: checkpoints/angles/<name>.csv)")
+    args = parser.parse_args(argv)
+    if args.out and len(args.paths) > 1:
+        parser.error(
+            "--out names one CSV file: give one path with it, or leave it out (each path then gets "
+            "checkpoints/angles/<name>.csv)"
+        )
+    if args.out and args.out.is_dir():
+        parser.error(f"--out {args.out} is a directory: give a file name, e.g. {args.out / 'angles.csv'}")
+    try:
+        analyses = [plan(path, args) for path in args.paths]  # every path checked before any model runs
+        for warning in (w for analysis in analyses for w in analysis.warnings):
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        measured = [(analysis, measure_analysis(analysis, args.device, args.batch_size)) for analysis in analyses]
+        for analysis, records in measured:  # written once all are measured: a failure leaves no partial output
+            out = args.out or Path("checkpoints/angles") / f"{analysis.path.resolve().name}.csv"
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                append_csv(out, records)
+            except OSError as e:
+                raise AnalysisError(f"cannot write {out} ({e.strerror}): give a writable --out") from None
+            checkpoints = len(analysis.checkpoints)
+            print(
+                f"wrote {out} ({checkpoints} checkpoint{'s' * (checkpoints > 1)}, "
+                f"{analysis.windows.numel():,} probe tokens)"
+            )
+    except NormlabError as e:
+        parser.error(str(e))

@@ -1,0 +1,62 @@
+"""Errors that mean "the user asked for something that cannot run": reported in one line, exit code 2; and the
+stop signals, which end a run with its progress saved."""
+
+import os
+import signal
+
+
+class NormlabError(Exception):
+    exit_code = 2
+
+
+class ConfigError(NormlabError, ValueError):
+    """A configuration that cannot describe a valid run."""
+
+
+class DataError(NormlabError):
+    """Prepared data that is missing, incomplete or does not fit the run."""
+
+
+class TokenizerError(NormlabError):
+    """No usable GPT-2 tokenizer."""
+
+
+class NonFiniteError(NormlabError):
+    """Training produced a non-finite loss or gradient."""
+
+
+class Interrupted(NormlabError):
+    """A stop signal ended the run with its progress saved: exit code 128 + the signal's number, as a shell reports
+    a process the signal ended."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+# Signals that stop a run after its optimizer step, with its progress saved (callbacks.Preemption): SIGTERM (scancel,
+# Slurm preemption, kill, a container stopping) and SIGUSR1 (Slurm's warning before the time limit).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+received: list[int] = []  # the stop signals this process has received
+
+
+def note_signal(signum, frame) -> None:
+    received.append(signum)
+
+
+def install_signal_handlers() -> None:
+    """At the start of the process (the CLI), and again when training starts: Trainer.fit installs Lightning's own
+    SIGTERM handler, which ends a run with exit code 0 and saves nothing."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, note_signal)
+
+
+def process_rank() -> int:
+    """This process's global rank before any process group exists: srun, torchrun and Lightning's launcher set
+    these variables (0 when none is set: a single process, or the one that launches the others)."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+    return (
+        rank
+        or int(os.environ.get("LOCAL_RANK", 0))
+        or int(os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", 0)))
+    )

@@ -1,0 +1,405 @@
+"""normlab-bench: measurements printed as one table, side by side in one run, and written to a file.
+
+    normlab-bench framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
+    normlab-bench norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
+    normlab-bench step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
+    normlab-bench prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
+    normlab-bench angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
+
+Times are medians of repetitions interleaved between the things compared, so that a machine shared with other
+work slows them alike; ratios are what to read.
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from normlab.paths import PROJECT_ROOT
+
+SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
+
+
+def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
+    """Median seconds of each function over `repeats` rounds, each round calling every function once, in an order
+    shuffled from round to round (a function that runs right after a costly one runs slower: no one neighbour)."""
+    import torch
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    times = {name: [] for name in fns}
+    for fn in fns.values():  # warm-up (and the first-use build of the fused kernel, or compilation)
+        fn()
+    order, shuffle = list(fns), random.Random(0).shuffle
+    for _ in range(repeats):
+        shuffle(order)
+        for name in order:
+            fn = fns[name]
+            sync()
+            started = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
+    """The project's LayerNorm and RMSNorm modules and torch's functions, forward+backward at the paper widths."""
+    import torch
+    import torch.nn.functional as F
+
+    from normlab.norms import LayerNorm, RMSNorm
+
+    results = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for d in (512, 768, 1024, 2048):
+            x = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=True)
+            grad = torch.randn_like(x)
+            ln, rms = LayerNorm(d).to(device, dtype), RMSNorm(d).to(device, dtype)
+            t = interleaved(
+                {
+                    "ln": lambda: ln(x).backward(grad),
+                    "rms": lambda: rms(x).backward(grad),
+                    "torch_ln": lambda: F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps).backward(grad),
+                    "torch_rms": lambda: F.rms_norm(x, (d,), rms.weight, rms.eps).backward(grad),
+                },
+                repeats,
+                device,
+            )
+            results.append(
+                (
+                    f"norm forward+backward, {str(dtype)[6:]}, d={d} ({rows} rows, {device.type})",
+                    f"RMSNorm / LayerNorm {t['rms'] / t['ln']:.2f} (target <= 1); torch's RMSNorm / LayerNorm "
+                    f"{t['torch_rms'] / t['torch_ln']:.2f}; ours / torch's: LayerNorm {t['ln'] / t['torch_ln']:.2f}, "
+                    f"RMSNorm {t['rms'] / t['torch_rms']:.2f}",
+                )
+            )
+    return results
+
+
+def plain_step(module, optimizer, batch, clip: float, device_type: str = "cpu") -> None:
+    """One optimizer step in plain PyTorch: forward (in bf16 autocast on a GPU), backward, clipping, update."""
+    import torch
+
+    with torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda"):
+        loss = module.loss(batch)
+    loss.backward()
+    # the optimizer's parameter order, as Lightning clips: the same norm to the last bit
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from normlab.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("train", overrides)
+
+
+def bench_step(device, repeats: int) -> list[tuple[str, str]]:
+    """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with LN and with RMS, on
+    the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its MFU; on CPU a 2-layer
+    model of the 70m width."""
+    import torch
+
+    from normlab.callbacks import peak_flops
+    from normlab.cli import build_module
+
+    if device.type == "cuda":
+        shape, batch = ["model=410m", "runtime.compile=true"], 8
+    else:
+        shape, batch = ["model=70m", "model.n_layer=2", "model.block_size=256"], 4
+    steps, modules = {}, {}
+    for norm in ("layernorm", "rmsnorm"):
+        cfg = compose([*shape, f"norm={norm}"])
+        module = modules[norm] = build_module(cfg).to(device)
+        optimizer = module.configure_optimizers()["optimizer"]
+        ids = torch.randint(
+            0,
+            cfg.model.vocab_size,
+            (batch, cfg.model.block_size + 1),
+            device=device,
+            generator=torch.Generator(device).manual_seed(0),
+        )
+
+        steps[norm] = lambda m=module, o=optimizer, ids=ids: plain_step(
+            m, o, (ids[:, :-1], ids[:, 1:]), 1.0, device.type
+        )
+    t = interleaved(steps, repeats, device)
+    tokens = batch * modules["layernorm"].model.config.block_size
+    name = f"{shape[0][6:]}{'' if device.type == 'cuda' else ' (2 layers)'}, {batch}x{tokens // batch} tokens"
+    rows = [
+        (
+            f"training step RMS / LN ({name}, {device.type})",
+            f"{t['rmsnorm'] / t['layernorm']:.3f} (target <= 1); LN {tokens / t['layernorm']:,.0f} tokens/s, "
+            f"RMS {tokens / t['rmsnorm']:,.0f} tokens/s",
+        )
+    ]
+    if peak := peak_flops(device):
+        for norm in steps:
+            mfu = tokens / t[norm] * modules[norm].model.flops_per_token() / peak
+            rows.append(
+                (
+                    f"MFU, {name}, {norm}, bf16, compiled blocks, fused AdamW ({torch.cuda.get_device_name(device)})",
+                    f"{100 * mfu:.1f}% (target >= 45%)",
+                )
+            )
+    return rows
+
+
+def bench_framework(steps: int) -> list[tuple[str, str]]:
+    """normlab-train's trainer (the real config: Lightning, every callback, loggers, progress bar) against a minimal
+    plain PyTorch step training a second copy of the model on the same batches, in lockstep: after each framework
+    step a callback runs one plain step, so that a machine shared with other work slows both alike. The framework's
+    time per step is what passes between the end of one plain step and the end of the next framework step; both
+    models start from the same weights, so the weights they end with show that the framework computed the same thing."""
+    import lightning as L
+    import torch
+
+    from normlab.cli import build, build_module, fit
+
+    class PlainTwin(L.Callback):
+        def __init__(self, cfg):
+            self.module, datamodule = build_module(cfg), build(cfg.data)
+            datamodule.setup("fit")
+            self.batches = iter(datamodule.train_dataloader())
+            optimizers = self.module.configure_optimizers()
+            self.optimizer, self.schedule = optimizers["optimizer"], optimizers["lr_scheduler"]["scheduler"]
+            self.clip = cfg.trainer.gradient_clip_val
+            self.framework, self.plain, self.same_batches, self.plain_end = [], [], True, None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, framework_batch, batch_idx):
+            started = time.perf_counter()
+            if self.plain_end is not None:
+                self.framework.append(started - self.plain_end)
+            batch = next(self.batches)
+            plain_step(self.module, self.optimizer, batch, self.clip)
+            self.schedule.step()
+            self.plain_end = time.perf_counter()
+            self.plain.append(self.plain_end - started)
+            self.same_batches &= all(torch.equal(a, b) for a, b in zip(batch, framework_batch))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose(
+            [
+                f"run_dir={tmp}/run",
+                "trainer.accelerator=cpu",
+                "logger=csv",
+                f"trainer.max_steps={steps}",
+                f"trainer.val_check_interval={steps}",
+                f"callbacks.scheduled_checkpoints.every={steps}",
+                "probe.tokens=8192",
+            ]
+        )  # validation and checkpoints after the last step
+        twin = PlainTwin(cfg)
+        module = fit(cfg, extra_callbacks=[twin])
+    same = twin.same_batches and all(torch.equal(a, b) for a, b in zip(module.parameters(), twin.module.parameters()))
+    # each framework step against the plain step just before it: neighbours in time share the machine's state
+    ratio = statistics.median(plain / framework for plain, framework in zip(twin.plain, twin.framework))
+    tokens = cfg.data.batch_size * cfg.model.block_size
+    return [
+        (
+            f"normlab-train / plain PyTorch loop, tokens/s ({cfg.model.name} model, {tokens} tokens per step, "
+            f"median over {len(twin.framework)} pairs of neighbouring steps, cpu)",
+            f"{ratio:.3f} (target >= 0.97); {'identical' if same else 'DIFFERENT'} batches and weights "
+            f"after {steps} steps",
+        )
+    ]
+
+
+def process_tree_memory(root: int) -> tuple[int, int]:
+    """(anonymous memory of the processes under `root`, largest RSS of one of them), in kB, from /proc.
+    Anonymous memory is summed as Pss_Anon, so pages that forked workers share are counted once."""
+    anon, largest, todo = 0, 0, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            rollup = dict(
+                line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+            )
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue
+        anon += int(rollup.get("Pss_Anon", "0 kB").split()[0])
+        largest = max(largest, int(rollup.get("Rss", "0 kB").split()[0]))
+    return anon, largest
+
+
+def run_measured(cmd: list[str]) -> tuple[float, float, float]:
+    """Run `cmd`, sampling its process tree every 20 ms: (seconds, peak anonymous MB, peak RSS MB).
+    Anonymous memory is what a process allocates; RSS also counts pages of files it maps and reads."""
+    started = time.perf_counter()
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peak_anon = peak_rss = 0
+    while process.poll() is None:
+        anon, rss = process_tree_memory(process.pid)
+        peak_anon, peak_rss = max(peak_anon, anon), max(peak_rss, rss)
+        time.sleep(0.02)
+    if process.returncode:
+        raise SystemExit(f"normlab-bench: {' '.join(cmd)} failed:\n{process.stderr.read()[-2000:]}")
+    return time.perf_counter() - started, peak_anon / 1024, peak_rss / 1024
+
+
+def bench_prepare(scale: int) -> list[tuple[str, str]]:
+    """Prepare local jsonl corpora of 1x and 4x the size, made of the embedded corpus cut into documents."""
+    from omegaconf import OmegaConf
+
+    from normlab.prepare import load_documents
+
+    source = OmegaConf.load(PROJECT_ROOT / "conf/data/embedded.yaml").source
+    texts = load_documents("embedded", source)["text"]
+    docs = [t[i : i + 4000] for t in texts for i in range(0, len(t), 4000)]  # ~4 KB, like a web page
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for factor in (scale, 4 * scale):
+            corpus = Path(tmp) / f"corpus{factor}.jsonl"
+            with open(corpus, "w") as f:
+                for copy in range(factor):
+                    f.writelines(json.dumps({"text": f"[{copy}] {d}"}) + "\n" for d in docs)
+            out = Path(tmp) / f"prepared{factor}"
+            cmd = [
+                str(Path(sys.executable).parent / "normlab-prepare"),
+                "data=files",
+                f"data.dir={out}",
+                f"data.source.files=[{corpus}]",
+                "data.source.val_fraction=0.001",
+            ]
+            seconds, anon, rss = run_measured(cmd)
+            tokens = json.loads((out / "meta.json").read_text())["splits"]["train"]["tokens"]
+            mb = corpus.stat().st_size / 1e6
+            rows.append(
+                (
+                    f"prepare {mb:.0f} MB of text ({tokens / 1e6:.1f}M tokens)",
+                    f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, "
+                    f"anonymous), largest process RSS {rss:,.0f} MB",
+                )
+            )
+    return rows
+
+
+def probe_setup(model_name: str, seq_len: int):
+    import torch
+
+    from normlab.angles import measure, norm_sites
+    from normlab.cli import build_model
+
+    model = build_model(compose([f"model={model_name}", f"model.block_size={seq_len}"]))
+    model.init_weights(0)
+    model.eval()
+    sites, d = norm_sites(model, "normlab"), model.config.n_embd
+    return torch, model, lambda batches: measure(lambda ids, mask: model.hidden(ids), sites, d, batches)
+
+
+def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> list[tuple[str, str]]:
+    """Interleaved repetitions of the plain forward and the probe pass on the same batches; medians."""
+    torch, model, probe = probe_setup(model_name, seq_len)
+    batches = [
+        (torch.randint(0, 50257, (batch, seq_len), generator=torch.Generator().manual_seed(i)), None) for i in range(2)
+    ]
+    with torch.no_grad():
+        t = interleaved(
+            {"plain": lambda: [model.hidden(ids) for ids, _ in batches], "probe": lambda: probe(batches)},
+            repeats,
+            torch.device("cpu"),
+        )
+    ratio = t["probe"] / t["plain"]
+    rows = [
+        (
+            f"angle probe pass / plain forward ({model_name}, {2 * batch}x{seq_len} tokens, median of {repeats})",
+            f"{ratio:.3f} (target <= 1.15)",
+        )
+    ]
+    mem = []
+    for windows in (32, 320):
+        cmd = [
+            sys.executable,
+            "-m",
+            "normlab.bench",
+            "--probe-memory",
+            str(windows),
+            "--model",
+            model_name,
+            "--seq-len",
+            str(seq_len),
+        ]
+        mem.append(run_measured(cmd)[1])
+    rows.append(
+        (
+            f"angle probe peak memory, {32 * seq_len:,} vs {320 * seq_len:,} tokens ({model_name})",
+            f"{mem[0]:,.0f} MB vs {mem[1]:,.0f} MB (ratio {mem[1] / mem[0]:.3f}, target: unchanged)",
+        )
+    )
+    return rows
+
+
+def probe_memory(model_name: str, seq_len: int, windows: int) -> None:
+    """The probe pass over `windows` random windows, in batches of 8 (run in a subprocess by bench_angles)."""
+    torch, _, probe = probe_setup(model_name, seq_len)
+    gen = torch.Generator().manual_seed(0)
+    probe((torch.randint(0, 50257, (8, seq_len), generator=gen), None) for _ in range(windows // 8))
+
+
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
+    return f"{names[0]}, {len(os.sched_getaffinity(0))} cores" if names else platform.machine()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.splitlines()[0])
+    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="default: all")
+    parser.add_argument("--scale", type=int, default=2, help="copies of the embedded corpus in the 1x prepare corpus")
+    parser.add_argument("--model", default="70m", help="model preset for the angle benchmark")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=4096, help="rows of the norm benchmark's inputs")
+    parser.add_argument("--steps", type=int, default=100, help="training steps of the framework benchmark")
+    parser.add_argument("--probe-memory", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "checkpoints" / "bench" / "bench.md")
+    args = parser.parse_args(argv)
+    if args.probe_memory:
+        return probe_memory(args.model, args.seq_len, args.probe_memory)
+    import torch
+
+    from normlab.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as normlab-train does
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    rows, sections = [], args.sections or SECTIONS
+    if "framework" in sections:  # first, in a fresh process, as normlab-train runs
+        rows += bench_framework(args.steps)
+    if "norms" in sections:
+        rows += bench_norms(device, args.rows, 10 * args.repeats)
+    if "step" in sections:
+        rows += bench_step(device, 4 * args.repeats)
+    if "prepare" in sections:
+        rows += bench_prepare(args.scale)
+    if "angles" in sections:
+        rows += bench_angles(args.model, args.seq_len, 4, 3 * args.repeats)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    header = (
+        f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
+        f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n"
+    )
+    table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
+    print(table + f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
