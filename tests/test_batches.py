@@ -9,7 +9,7 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import compose_config, local_corpus_config
-from normlab.cli import build_module
+from normlab.pipeline import build_module
 from normlab.data import ResumableLoader, ShuffledWindows
 
 

@@ -5,7 +5,7 @@ import itertools
 import torch
 
 from conftest import compose_config
-from normlab.cli import build_module
+from normlab.pipeline import build_module
 from normlab.data import ShuffledWindows
 
 

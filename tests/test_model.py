@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import compose_config, run_cli
-from normlab.cli import build_model
+from normlab.pipeline import build_model
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm
 

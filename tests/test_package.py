@@ -18,8 +18,12 @@ def installed(tmp_path_factory) -> tuple[Path, dict]:
     """The wheel built from this checkout, installed (without its dependencies, which this environment has) into a
     folder of its own; the environment in which its commands find that copy of normlab first."""
     root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"  # a copy: building writes build/ and *.egg-info beside the sources
+    top_level_outputs = {".venv", ".git", "data", "checkpoints", "build"}
+    shutil.copytree(CHECKOUT, source, ignore=lambda folder, names: [
+        n for n in names if Path(folder) == CHECKOUT and n in top_level_outputs or n.endswith(".egg-info")])
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", root / "dist", CHECKOUT],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", root / "dist", source],
         capture_output=True, text=True,
     )
     assert build.returncode == 0, build.stderr
@@ -42,6 +46,9 @@ def run(env: dict, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 def test_the_wheel_ships_every_config_and_no_other_top_level_package(installed):
     site, _ = installed
     shipped = {p.relative_to(site / "normlab" / "conf") for p in (site / "normlab" / "conf").rglob("*.yaml")}
+    package = CHECKOUT / "train" / "normlab"
+    assert {p.relative_to(site / "normlab") for p in (site / "normlab").rglob("*.py")} == {
+        p.relative_to(package) for p in package.rglob("*.py")}
     assert shipped == {p.relative_to(CONF) for p in CONF.rglob("*.yaml")}
     assert not (site / "train").exists() and not (site / "conf").exists()
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import compose_config
 from normlab import runtime
 from normlab.angles import measure, norm_sites
-from normlab.cli import build_module
+from normlab.pipeline import build_module
 from normlab.errors import ConfigError
 
 

@@ -10,8 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab.angles import read_csv
-from normlab.callbacks import checkpoint_steps
-from normlab.cli import build_model, gradient_accumulation
+from normlab.run_dir import checkpoint_steps
+from normlab.pipeline import build_model, gradient_accumulation
 from normlab.data import ShuffledWindows
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm

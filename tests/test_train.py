@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab.errors import NonFiniteError
-from normlab.cli import build, build_module, build_trainer
+from normlab.pipeline import build, build_module, build_trainer
 from normlab.angles import read_csv
 from normlab.module import lr_factor
 from normlab.run_dir import verify

@@ -385,7 +385,7 @@ def load_normlab(path: Path) -> nn.Module:
     """A normlab model from a checkpoint, full or weights only (its config rides in the checkpoint)."""
     from omegaconf import OmegaConf
 
-    from normlab.cli import build_model
+    from normlab.pipeline import build_model
 
     ckpt = load_checkpoint(path)
     model = build_model(OmegaConf.create(ckpt["hyper_parameters"]["config"]))

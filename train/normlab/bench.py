@@ -111,8 +111,8 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
     model of the 70m width."""
     import torch
 
-    from normlab.callbacks import peak_flops
-    from normlab.cli import build_module
+    from normlab.callbacks.progress import peak_flops
+    from normlab.pipeline import build_module
 
     if device.type == "cuda":
         shape, batch = ["model=410m", "runtime.compile=true"], 8
@@ -165,7 +165,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
     import lightning as L
     import torch
 
-    from normlab.cli import build, build_module, fit
+    from normlab.pipeline import build, build_module, train
 
     class PlainTwin(L.Callback):
         def __init__(self, cfg):
@@ -201,7 +201,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
             ]
         )  # validation and checkpoints after the last step
         twin = PlainTwin(cfg)
-        module = fit(cfg, extra_callbacks=[twin])
+        module = train(cfg, extra_callbacks=[twin])
     same = twin.same_batches and all(torch.equal(a, b) for a, b in zip(module.parameters(), twin.module.parameters()))
     # each framework step against the plain step just before it: neighbours in time share the machine's state
     ratio = statistics.median(plain / framework for plain, framework in zip(twin.plain, twin.framework))
@@ -291,7 +291,7 @@ def probe_setup(model_name: str, seq_len: int):
     import torch
 
     from normlab.angles import measure, norm_sites
-    from normlab.cli import build_model
+    from normlab.pipeline import build_model
 
     model = build_model(compose([f"model={model_name}", f"model.block_size={seq_len}"]))
     model.init_weights(0)

@@ -4,6 +4,7 @@ The data module, the model config and the run directory check their own settings
 
 import dataclasses
 import inspect
+import os
 
 from hydra.utils import get_object
 from omegaconf import DictConfig
@@ -50,6 +51,14 @@ def check_arguments(name: str, node: DictConfig) -> None:
                           f"'{unknown[0]}'; remove it, or check its spelling")
 
 
+def check_slurm_tasks(devices) -> None:
+    """Under a Slurm batch job, one task per device: Lightning starts no processes of its own there."""
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
+    if tasks and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive") and str(devices) != tasks.split("(")[0]:
+        raise ConfigError(f"Slurm runs {tasks} tasks per node but trainer.devices={devices}: set --ntasks-per-node "
+                          "equal to the devices per node (one task per GPU)")
+
+
 def check_train_config(cfg: DictConfig) -> None:
     from normlab.model import GPTConfig
 
@@ -66,6 +75,7 @@ def check_train_config(cfg: DictConfig) -> None:
         raise ConfigError(f"optimizer.lr={lr} (model.lr): give a positive learning rate")
     for key in ("max_steps", "val_check_interval", "num_nodes"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
+    check_slurm_tasks(cfg.trainer.devices)
     if str(cfg.trainer.accelerator) in ("gpu", "cuda"):
         import torch
 

@@ -106,7 +106,7 @@ def find_runs(paths: list[Path]) -> list[Run]:
 
 
 def parameter_count(config: dict) -> int:
-    from normlab.cli import build_model  # imported late: the CLI imports Lightning
+    from normlab.pipeline import build_model
 
     with torch.device("meta"):
         return build_model(OmegaConf.create(config)).num_params()

@@ -1,3 +1,0 @@
-"""normlab: controlled LayerNorm-vs-RMSNorm GPT-2 pretraining."""
-
-from normlab import paths  # noqa: F401  (registers the config resolvers)

@@ -1,3 +1,0 @@
-from normlab.cli import train
-
-train()
