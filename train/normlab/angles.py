@@ -202,7 +202,8 @@ class AngleProbe:
             y = output[0] if isinstance(output, tuple) else output
             if any(pending is site for pending, _ in self._pending):  # a norm called twice in one forward
                 self.flush()
-            self._pending.append((site, self._per_token(x.detach().float(), y.detach().float())))
+            with torch.autocast(x.device.type, enabled=False):  # float32 whatever the run's autocast
+                self._pending.append((site, self._per_token(x.detach().float(), y.detach().float())))
 
         return hook
 
@@ -216,6 +217,10 @@ class AngleProbe:
 
     def flush(self) -> None:
         """Add what the hooks saw since the last flush to the statistics: one update per position for all sites."""
+        with torch.autocast(self.references.device.type, enabled=False):
+            self._flush()
+
+    def _flush(self) -> None:
         pending, self._pending = self._pending, []
         by_shape: dict[tuple, list] = {}
         for site, values in pending:

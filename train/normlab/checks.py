@@ -76,6 +76,9 @@ def check_train_config(cfg: DictConfig) -> None:
     for key in ("max_steps", "val_check_interval", "num_nodes"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
     check_slurm_tasks(cfg.trainer.devices)
+    if str(cfg.trainer.strategy).startswith("fsdp"):
+        raise ConfigError(f"trainer.strategy={cfg.trainer.strategy} would shard the whole model as one unit: use "
+                          "strategy=fsdp (one transformer block per unit; normlab/strategies.py)")
     if str(cfg.trainer.accelerator) in ("gpu", "cuda"):
         import torch
 

@@ -98,8 +98,10 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.activation_checkpointing = False  # recompute each block in the backward pass to save memory
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.hidden(idx))
+    def forward(self, idx: torch.Tensor, head: bool = True) -> torch.Tensor:
+        """Logits; with head=False the final norm's output (what the angle study needs), through the module's call, so
+        that the hooks of a sharded model gather its parameters."""
+        return self.lm_head(self.hidden(idx)) if head else self.hidden(idx)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """The final norm's output: everything but the LM head (all the angle study needs)."""

@@ -34,6 +34,12 @@ class LanguageModel(L.LightningModule):
         # (train/normlab/run_dir.py keeps every rank's generators in the full checkpoints).
         L.seed_everything(self.hparams.seed + self.global_rank, verbose=False)
 
+    def configure_model(self) -> None:
+        if self.device_mesh is not None:  # strategy=fsdp (normlab/strategies.py): shard block by block
+            from normlab.strategies import shard_by_block
+
+            shard_by_block(self.model, self.device_mesh["data_parallel"])
+
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         logits = self.model(x)

@@ -86,12 +86,22 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
         *([run.io] if run else []),
         *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
     ]
+    precision = cfg.trainer.precision
+    if precision == "bf16-mixed":  # Lightning's own would refuse to clip the gradients of the fused AdamW
+        import torch
+
+        from normlab.strategies import BF16Mixed
+
+        on_gpu = str(cfg.trainer.accelerator) != "cpu" and torch.cuda.is_available()
+        plugins.append(BF16Mixed("cuda" if on_gpu else "cpu"))
+        precision = None
     return instantiate(
         cfg.trainer,
         callbacks=callbacks,
         logger=loggers,
         accumulate_grad_batches=accumulate,
         plugins=plugins,
+        precision=precision,
         val_check_interval=cfg.trainer.val_check_interval * accumulate,
     )  # Lightning counts micro-batches
 

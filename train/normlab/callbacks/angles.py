@@ -95,7 +95,7 @@ class AngleCallback(L.Callback):
         model.eval()
         with torch.compiler.set_stance("force_eager"):  # eager: hooks and eval mode would recompile every block
             stats = measure(
-                lambda ids, mask: model.hidden(ids),
+                lambda ids, mask: model(ids, head=False),
                 norm_sites(model, "normlab"),
                 model.config.n_embd,
                 batches,

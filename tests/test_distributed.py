@@ -1,0 +1,198 @@
+"""The GPU-side paths, run on the CPU: sharded training (strategy=fsdp, FSDP2 over gloo), bf16-mixed autocast, and
+two nodes of one process each (two torchrun launches, as on two machines). Each against its unsharded, float32 or
+one-process counterpart, and each interrupted by SIGTERM and resumed: the resumed run must end as the uninterrupted
+one, step for step."""
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import BIN, compose_config
+from normlab.angles import AngleProbe, NormSite, read_csv
+from normlab.norms import LayerNorm
+from normlab.pipeline import build_module
+
+STEPS = 8
+RUN = [
+    "model.n_layer=2",
+    "data.batch_size=2",
+    "data.val_tokens=1024",
+    "probe.tokens=4096",
+    f"trainer.max_steps={STEPS}",
+    "trainer.val_check_interval=2",  # validations (and last.ckpt) denser than the scheduled checkpoints
+    "callbacks.scheduled_checkpoints.every=4",
+    "callbacks.scheduled_checkpoints.dense_until=4",
+    "callbacks.scheduled_checkpoints.sparse_every=4",
+    "logger=csv",
+]
+TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2", "global_batch_size=8"]
+ENV = {**os.environ, "WANDB_MODE": "offline"}
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]}
+
+
+def train(*args: str) -> None:
+    result = subprocess.run([BIN / "normlab-train", *RUN, *args], env=ENV, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def interrupted(commands: list[list[str]], run_dir: Path, at_step: int = 3) -> int:
+    """Start `commands` (the processes of one launch), SIGTERM them all once `at_step` steps are logged, expect the
+    save-and-stop exit (143), then start them again and let the run finish. Returns the step it resumed from."""
+    processes = [subprocess.Popen(c, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for c in commands]
+    deadline = time.monotonic() + 300
+    while not (run_dir / "metrics.csv").is_file() or len(losses(run_dir)) < at_step:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), processes[0].stderr.read()
+        time.sleep(0.05)
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    errors = [p.communicate(timeout=300)[1] for p in processes]
+    assert all(p.returncode != 0 for p in processes), errors[0][-3000:]
+    stops = [line for line in errors[0].splitlines() if "error: SIGTERM: saved" in line]  # torchrun adds its own
+    assert stops, errors[0][-3000:]
+    stop = stops[-1]
+    resumed_from = int(stop.split(" at step ")[1].split(";")[0])
+    assert at_step <= resumed_from < STEPS
+    results = [subprocess.Popen(c, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+               for c in commands]
+    for process in results:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    return resumed_from
+
+
+def assert_same_losses(run: Path, reference: Path, tolerance: float = 0.0) -> None:
+    mine, theirs = losses(run), losses(reference)
+    assert sorted(mine) == sorted(theirs) == list(range(STEPS))
+    assert all(mine[s] == pytest.approx(theirs[s], abs=tolerance, rel=0) for s in mine), (mine, theirs)
+
+
+def assert_same_angles(run: Path, reference: Path, tolerance: float) -> None:
+    mine, theirs = read_csv(run / "angles.csv"), read_csv(reference / "angles.csv")
+    assert [(r["step"], r["layer"], r["site"], r["reference"]) for r in mine] == [
+        (r["step"], r["layer"], r["site"], r["reference"]) for r in theirs]
+    assert {r["step"] for r in mine} == {0, 4, 8}
+    for a, b in zip(mine, theirs):
+        assert a["count"] == b["count"]
+        assert a["mean_deg"] == pytest.approx(b["mean_deg"], abs=tolerance)
+
+
+def final_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def ddp(prepared, tmp_path_factory) -> Path:
+    """The reference: 2 DDP processes over gloo, one micro-batch of 2 each, 2 accumulated: 8 sequences a step."""
+    run = tmp_path_factory.mktemp("ddp") / "run"
+    train(*TWO_PROCESSES, "strategy=ddp", f"run_dir={run}")
+    return run
+
+
+def test_fsdp_shards_block_by_block_and_trains_like_ddp_resuming_exactly(ddp, tmp_path):
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    train(*TWO_PROCESSES, "strategy=fsdp", f"run_dir={whole}")
+    assert_same_losses(whole, ddp, tolerance=1e-5)  # the same computation, reduced in another order
+    assert_same_angles(whole, ddp, tolerance=1e-3)
+    assert read_csv(whole / "angles.csv")[:40] == read_csv(ddp / "angles.csv")[:40]  # step 0: the same weights
+
+    # The checkpoint is the full state in the unsharded names: what DDP writes, what normlab-angles loads.
+    sharded, replicated = final_state(whole), final_state(ddp)
+    assert sharded.keys() == replicated.keys()
+    # Adam divides by sqrt(v): rarely used embedding rows amplify the last bits of their gradients (DDP vs FSDP
+    # reduce in another order) up to 2e-4 here, 1% of what 8 steps at lr 3e-3 may move a weight.
+    assert all(torch.allclose(sharded[k], replicated[k], atol=1e-3) for k in sharded)
+    module = build_module(compose_config("train", ["model.n_layer=2"]))
+    module.load_state_dict(sharded)
+
+    command = [str(BIN / "normlab-train"), *RUN, *TWO_PROCESSES, "strategy=fsdp", f"run_dir={broken}"]
+    assert interrupted([command], broken) >= 3
+    assert_same_losses(broken, whole)  # exactly: resumed from its own sharded run's checkpoint
+    assert all(torch.equal(final_state(broken)[k], v) for k, v in sharded.items())
+
+
+def test_fsdp_units_are_the_transformer_blocks_and_the_rest_of_the_model(prepared):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from normlab.strategies import shard_by_block
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = build_module(compose_config("train", ["model.n_layer=3"])).model
+        shard_by_block(model, init_device_mesh("cpu", (1,)))
+        units = [name for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+        assert units == ["", "blocks.0", "blocks.1", "blocks.2"]
+        ids = torch.randint(0, 50257, (2, 16))
+        assert model(ids, head=False).shape == (2, 16, 64)  # the angle probe's call gathers the root's parameters
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bf16_mixed_trains_on_the_cpu_and_resumes_exactly(prepared, tmp_path):
+    fp32, whole, broken = tmp_path / "fp32", tmp_path / "whole", tmp_path / "broken"
+    train(f"run_dir={fp32}")
+    train("trainer.precision=bf16-mixed", f"run_dir={whole}")
+    bf16, reference = losses(whole), losses(fp32)
+    assert all(bf16[s] == pytest.approx(reference[s], abs=0.05) for s in reference)  # the same training...
+    assert any(bf16[s] != reference[s] for s in reference)  # ...in bf16 matmuls
+    command = [str(BIN / "normlab-train"), *RUN, "trainer.precision=bf16-mixed", f"run_dir={broken}"]
+    interrupted([command], broken)
+    assert_same_losses(broken, whole)
+    assert (broken / "angles.csv").read_bytes() == (whole / "angles.csv").read_bytes()
+
+
+def test_angle_statistics_are_computed_in_float32_under_bf16_autocast():
+    """The probe's hooks see bf16 activations under autocast; their statistics must not be bf16 arithmetic."""
+    torch.manual_seed(0)
+    norm = LayerNorm(256)
+    x = torch.randn(4, 32, 256) + 0.3  # a mean component: angles to 1 away from 90 degrees
+
+    def statistics(autocast: bool) -> list[dict]:
+        probe = AngleProbe([NormSite(0, "attn_norm", norm)], 256)
+        with probe.hooks(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), torch.no_grad():
+            norm(x)
+            probe.flush()
+        return probe.stats.records(0)
+
+    for exact, under_autocast in zip(statistics(False), statistics(True)):
+        assert under_autocast["mean_deg"] == pytest.approx(exact["mean_deg"], abs=1e-4)
+        assert under_autocast["std_deg"] == pytest.approx(exact["std_deg"], abs=1e-4)
+
+
+def torchrun(node_rank: int, port: int, *args: str) -> list[str]:
+    """One 'node' of a 2-node launch: torchrun with a static rendezvous, as a cluster runs it on each machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}",
+            f"--rdzv-id=normlab-test-{port}", "-m", "normlab", *RUN, *args]
+
+
+def test_two_nodes_split_the_global_batch_and_resume_like_one_process(prepared, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    train("global_batch_size=8", f"run_dir={one}")  # one process: 4 micro-batches of 2 per step
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = ["trainer.accelerator=cpu", "trainer.devices=1", "trainer.num_nodes=2", "global_batch_size=8"]
+    interrupted([torchrun(rank, port, *nodes, f"run_dir={two}") for rank in (0, 1)], two)
+    # 2 nodes x 1 process x 2 accumulated micro-batches: the same 8 sequences a step, each on one rank
+    assert_same_losses(two, one, tolerance=1e-5)
+    assert_same_angles(two, one, tolerance=1e-3)
+    with open(two / "config.yaml") as f:
+        assert "num_nodes: 2" in f.read()
