@@ -80,42 +80,55 @@ def break_the_yaml(path: Path) -> None:
 ANGLES, REPORT = "normlab-angles", "normlab-report"
 # id: (tool, arguments, (what damages the copy, the path it damages) or None, expected fragments); {tmp}: the copy
 CASES = {
-    "missing path": (ANGLES, ["{tmp}/nothing"], None, ["{tmp}/nothing does not exist", "a run directory or a"]),
-    "directory without checkpoints": (ANGLES, ["{tmp}/run/checkpoints"], None,
+    "missing path": (ANGLES, ["model_path={tmp}/nothing"], None,
+                     ["{tmp}/nothing does not exist", "a run directory or a"]),
+    "no model_path": (ANGLES, [], None, ["no model given: model_path=RUN_DIR, model_path=CHECKPOINT.ckpt or"]),
+    "a bare path": (ANGLES, ["{tmp}/run"], None, ["cannot read '{tmp}/run' as a setting: give key=value"]),
+    "directory without checkpoints": (ANGLES, ["model_path={tmp}/run/checkpoints"], None,
                                       ["no checkpoint (.ckpt or <run>/checkpoints/step-*.ckpt) at {tmp}/run/",
                                        "checkpoints: give a .ckpt, a run directory"]),
-    "config.json not JSON": (ANGLES, ["{tmp}/hf"], (write('{"model_type": "gpt2",'), "hf/config.json"),
+    "config.json not JSON": (ANGLES, ["model_path={tmp}/hf"], (write('{"model_type": "gpt2",'), "hf/config.json"),
                              ["{tmp}/hf/config.json is not valid JSON (Expecting", "restore the model's config.json"]),
-    "unsupported model type": (ANGLES, ["{tmp}/hf"], (set_model_type, "hf/config.json"),
+    "unsupported model type": (ANGLES, ["model_path={tmp}/hf"], (set_model_type, "hf/config.json"),
                                ["{tmp}/hf: model type bert is not supported (supported: gpt2, gpt_neo"]),
-    "corrupted checkpoint": (ANGLES, ["{tmp}/" + STEP_2], (corrupt, STEP_2),
+    "corrupted checkpoint": (ANGLES, ["model_path={tmp}/" + STEP_2], (corrupt, STEP_2),
                              [f"{STEP_2} does not match the sha256 in its digest file", "give another checkpoint"]),
-    "truncated checkpoint": (ANGLES, ["{tmp}/" + STEP_2], (truncate, STEP_2),
+    "truncated checkpoint": (ANGLES, ["model_path={tmp}/" + STEP_2], (truncate, STEP_2),
                              [f"{STEP_2} holds 1,000 bytes, its digest file says", "truncated"]),
-    "checkpoint without digest": (ANGLES, ["{tmp}/" + STEP_2], (remove_digest, STEP_2),
+    "checkpoint without digest": (ANGLES, ["model_path={tmp}/" + STEP_2], (remove_digest, STEP_2),
                                   ["has no digest file step-0000002.ckpt.json", "or the run directory"]),
-    "no intact checkpoint in a run": (ANGLES, ["{tmp}/run"], (damage_every_checkpoint, "run/checkpoints"),
+    "no intact checkpoint in a run": (ANGLES, ["model_path={tmp}/run"], (damage_every_checkpoint, "run/checkpoints"),
                                       ["no intact checkpoint in {tmp}/run/checkpoints: ", "(and 3 more damaged)",
                                        "train the run again"]),
-    "seq-len beyond block_size": (ANGLES, ["{tmp}/run", "--seq-len", "256"], None,
-                                  ["--seq-len 256 is beyond the context of {tmp}/run (128 tokens, model.block_size)",
+    "seq_len beyond block_size": (ANGLES, ["model_path={tmp}/run", "seq_len=256"], None,
+                                  ["seq_len=256 is beyond the context of {tmp}/run (128 tokens, model.block_size)",
                                    "give at most 128"]),
-    "seq-len beyond n_positions": (ANGLES, ["{tmp}/hf", "--seq-len", "128"], None,
+    "seq_len beyond n_positions": (ANGLES, ["model_path={tmp}/hf", "seq_len=128"], None,
                                    ["(64 tokens, n_positions in config.json): give at most 64"]),
-    "zero tokens": (ANGLES, ["{tmp}/run", "--tokens", "0"], None, ["argument --tokens: 0 is not positive"]),
-    "fewer tokens than a sequence": (ANGLES, ["{tmp}/run", "--tokens", "100"], None,
-                                     ["--tokens 100 is less than one sequence of 128 tokens", "smaller --seq-len"]),
-    "zero batch size": (ANGLES, ["{tmp}/run", "--batch-size", "0"], None, ["--batch-size: 0 is not positive"]),
-    "probe not prepared": (ANGLES, ["{tmp}/run", "--probe-dir", "{tmp}/nothing"], None,
+    "seq_len not a number": (ANGLES, ["model_path={tmp}/run", "seq_len=long"], None,
+                             ["seq_len=long: give a positive whole number, or null for the model's context"]),
+    "zero tokens": (ANGLES, ["model_path={tmp}/run", "probe.tokens=0"], None,
+                    ["probe.tokens=0: give a positive whole number, or null for the whole split"]),
+    "fewer tokens than a sequence": (ANGLES, ["model_path={tmp}/run", "probe.tokens=100"], None,
+                                     ["probe.tokens=100 is less than one sequence of 128 tokens", "smaller seq_len"]),
+    "zero batch size": (ANGLES, ["model_path={tmp}/run", "probe.batch_size=0"], None,
+                        ["probe.batch_size=0: give a positive whole number"]),
+    "probe not prepared": (ANGLES, ["model_path={tmp}/run", "probe.dir={tmp}/nothing"], None,
                            ["data 'nothing' is not prepared", "normlab-prepare"]),
-    "--out a directory": (ANGLES, ["{tmp}/run", "--out", "{tmp}/hf"], None,
-                          ["--out {tmp}/hf is a directory: give a file name, e.g. {tmp}/hf/angles.csv"]),
-    "--out with two paths": (ANGLES, ["{tmp}/run", "{tmp}/hf", "--out", "{tmp}/a.csv"], None,
-                             ["--out names one CSV file: give one path with it"]),
-    "unknown option": (ANGLES, ["{tmp}/run", "--verbose"], None, ["unrecognized arguments: --verbose"]),
+    "unknown probe set": (ANGLES, ["model_path={tmp}/run", "probe=books"], None,
+                          ["unknown probe 'books': choose one of embedded, wikipedia (conf/probe/)"]),
+    "unknown device": (ANGLES, ["model_path={tmp}/run", "device=tpu"], None,
+                       ["unknown device=tpu: give cpu, cuda or cuda:N"]),
+    "a CUDA device torch does not see": (ANGLES, ["model_path={tmp}/run", "device=cuda:99"], None,
+                                         ["device=cuda:99: torch sees ", "give device=cpu"]),
+    "out a directory": (ANGLES, ["model_path={tmp}/run", "out={tmp}/hf"], None,
+                        ["out={tmp}/hf is a directory: give a file name, e.g. out={tmp}/hf/angles.csv"]),
+    "out with a sweep over model_path": (ANGLES, ["-m", "model_path={tmp}/run,{tmp}/hf", "out={tmp}/a.csv"], None,
+                                         ["out= names one CSV file, but model_path is swept"]),
+    "unknown option": (ANGLES, ["model_path={tmp}/run", "--verbose"], None, ["unrecognized arguments: --verbose"]),
     "angles.csv cut mid-row": (REPORT, ["{tmp}/run"], (cut_mid_row, "run/angles.csv"),
                                ["{tmp}/run/angles.csv, line ", "is cut short", "rerun the same normlab-train command",
-                                "normlab-angles {tmp}/run --out {tmp}/run/angles.csv"]),
+                                "normlab-angles model_path={tmp}/run out={tmp}/run/angles.csv"]),
     "angles.csv row without a field": (REPORT, ["{tmp}/run"], (drop_a_field_of_line_3, "run/angles.csv"),
                                        ["{tmp}/run/angles.csv, line 3, has 15 fields, its header 16"]),
     "metrics.csv cut mid-row": (REPORT, ["{tmp}/run"], (cut_mid_row, "run/metrics.csv"),
@@ -125,7 +138,7 @@ CASES = {
                              ["{tmp}/run/config.yaml is not valid YAML (line ", "restore it"]),
     "config.yaml not a run config": (REPORT, ["{tmp}/run"], (write("- a list\n"), "run/config.yaml"),
                                      ["config.yaml is not a normlab run config (no model.name, norm.name, seed)"]),
-    "report of a missing path": (REPORT, ["{tmp}/nothing"], None, ["{tmp}/nothing does not exist"]),
+    "report of a missing path": (REPORT, ["{tmp}/run", "{tmp}/nothing"], None, ["{tmp}/nothing does not exist"]),
 }
 
 
@@ -137,10 +150,9 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(case, prepared, inputs
         function, path = damage
         function(tmp_path / path)
     before = snapshot(tmp_path)
-    probe = ["--probe-dir", str(prepared)] if tool == ANGLES else []
+    outputs = [f"paths.output_dir={tmp_path}/checkpoints"] if tool == ANGLES else []  # where its CSVs would go
 
-    # in tmp_path, where normlab-angles writes checkpoints/angles/<name>.csv by default
-    result = run_cli(tool, *probe, *[a.format(tmp=tmp_path) for a in args], cwd=tmp_path)
+    result = run_cli(tool, *[a.format(tmp=tmp_path) for a in args], *outputs, cwd=tmp_path)
 
     assert result.returncode == 2, result.stderr[-3000:]
     (line,) = result.stderr.strip().splitlines()
@@ -155,10 +167,26 @@ def test_a_run_with_a_damaged_checkpoint_is_analysed_without_it(prepared, inputs
     corrupt(run / "checkpoints/step-0000002.ckpt")
 
     out = tmp_path / "a.csv"
-    result = run_cli(ANGLES, str(run), "--probe-dir", str(prepared), "--tokens", "256", "--out", str(out))
+    result = run_cli(ANGLES, f"model_path={run}", f"probe.dir={prepared}", "probe.tokens=256", f"out={out}")
 
     assert result.returncode == 0, result.stderr[-3000:]
     (warning,) = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert "step-0000002.ckpt does not match the sha256" in warning and warning.endswith(": skipped")
     assert {r["step"] for r in read_csv(out)} == {0, 4, 6}
     assert "wrote" in result.stdout and "(3 checkpoints, 256 probe tokens)" in result.stdout
+
+
+def test_a_sweep_over_checkpoints_writes_a_csv_for_each(prepared, inputs, tmp_path):
+    shutil.copytree(inputs / "run", tmp_path / "run", ignore=SCHEDULED_ONLY)
+    checkpoints = [f"run/checkpoints/step-000000{step}.ckpt" for step in (2, 4)]
+
+    # relative paths: from the working directory, which the sweep leaves as it is
+    result = run_cli(ANGLES, "-m", f"model_path={','.join(checkpoints)}", "paths.output_dir=out", "probe.tokens=256",
+                     cwd=tmp_path)
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
+    assert sorted(p.name for p in (tmp_path / "out/angles").iterdir()) == [
+        "multirun.yaml", "step-0000002.ckpt.csv", "step-0000004.ckpt.csv"]
+    for step in (2, 4):
+        assert {r["step"] for r in read_csv(tmp_path / f"out/angles/step-000000{step}.ckpt.csv")} == {step}

@@ -240,19 +240,11 @@ def test_hooks_land_on_the_norm_modules_of_every_architecture(model_type):
 def test_normlab_angles_reads_a_local_hugging_face_directory(prepared, tmp_path):
     model = tiny_hf("gpt2")
     model.save_pretrained(tmp_path / "tiny-gpt2")
-    result = run_cli(
-        "normlab-angles",
-        str(tmp_path / "tiny-gpt2"),
-        "--tokens",
-        "2048",
-        "--seq-len",
-        "64",
-        "--out",
-        str(tmp_path / "angles.csv"),
-        "--probe-dir",
-        str(prepared),
+    result = run_cli(  # relative paths: from the working directory
+        "normlab-angles", "model_path=tiny-gpt2", "probe.tokens=2048", "seq_len=64", "out=angles.csv", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("wrote angles.csv (1 checkpoint, 2,048 probe tokens)")
     rows = read_csv(tmp_path / "angles.csv")
     assert {r["site"] for r in rows} >= {
         "attn_norm.input",

@@ -11,7 +11,6 @@ each norm's input and output. Position "all" counts every token, "first" only th
 Null model: a random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector.
 """
 
-import argparse
 import csv
 import json
 import math
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
@@ -341,35 +341,32 @@ def read_csv(path: str | Path) -> list[dict]:
     return read_rows(path, lambda column, value: ANGLE_COLUMN_TYPES.get(column, float)(value), CSV_COLUMNS)
 
 
-# -- normlab-angles: the same statistics for saved normlab checkpoints and local Hugging Face models
+# -- normlab-angles (conf/angles.yaml): the same statistics for saved normlab checkpoints and local Hugging Face models
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """Reports a bad command line as one line `prog: error: message`, like the tools' other errors (argparse would
-    print its usage block first)."""
+def check_positive(name: str, value, null_means: str | None = None) -> None:
+    """A positive whole number (or null, when `null_means` says what null stands for)."""
+    if value is None and null_means:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        or_null = f", or null for {null_means}" if null_means else ""
+        raise AnalysisError(f"{name}={value}: give a positive whole number{or_null}")
 
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
-
-def positive_int(text: str) -> int:
+def device_name(name) -> str:
+    """The device of `device=`: null is cuda when torch sees a GPU, else cpu."""
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not positive: give at least 1")
-    return value
-
-
-def device_name(text: str) -> str:
-    try:
-        device = torch.device(text)
+        device = torch.device(str(name))
     except RuntimeError:
-        raise argparse.ArgumentTypeError(f"unknown device '{text}': give cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: no CUDA device is available here, give --device cpu")
-    return text
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise AnalysisError(f"unknown device={name}: give cpu, cuda or cuda:N")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise AnalysisError(f"device={name}: torch sees {torch.cuda.device_count()} CUDA devices here: give "
+                            "device=cpu, or one that it sees")
+    return str(name)
 
 
 @contextmanager
@@ -439,23 +436,23 @@ class Analysis:
     warnings: list[str]
 
 
-def checked_seq_len(args, path: Path, context: int, context_name: str) -> int:
-    """--seq-len (default: the model's context, at most 1024), checked against the context and --tokens."""
-    seq_len = args.seq_len or min(1024, context)
+def checked_seq_len(cfg: DictConfig, path: Path, context: int, context_name: str) -> int:
+    """seq_len (null: the model's context, at most 1024), checked against the context and probe.tokens."""
+    seq_len = cfg.seq_len or min(1024, context)
     if seq_len > context:
         raise AnalysisError(
-            f"--seq-len {seq_len} is beyond the context of {path} ({context} tokens, {context_name}): "
+            f"seq_len={seq_len} is beyond the context of {path} ({context} tokens, {context_name}): "
             f"give at most {context}"
         )
-    if args.tokens is not None and args.tokens < seq_len:
+    if cfg.probe.tokens is not None and cfg.probe.tokens < seq_len:
         raise AnalysisError(
-            f"--tokens {args.tokens} is less than one sequence of {seq_len} tokens: give at least "
-            f"{seq_len}, a smaller --seq-len, or no --tokens for the whole split"
+            f"probe.tokens={cfg.probe.tokens} is less than one sequence of {seq_len} tokens: give at least "
+            f"{seq_len}, a smaller seq_len, or probe.tokens=null for the whole split"
         )
     return seq_len
 
 
-def plan_hugging_face(path: Path, args) -> Analysis:
+def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
     config_file = path / "config.json"
     try:
         config = json.loads(config_file.read_bytes())
@@ -474,13 +471,13 @@ def plan_hugging_face(path: Path, args) -> Analysis:
     with loading(config_file):
         config = AutoConfig.from_pretrained(path)
     context_key = "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings"
-    seq_len = checked_seq_len(args, path, getattr(config, context_key), f"{context_key} in config.json")
-    probe = load_probe(args.probe_dir, args.split, args.tokens, seq_len)
+    seq_len = checked_seq_len(cfg, path, getattr(config, context_key), f"{context_key} in config.json")
+    probe = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len)
     windows = hf_windows(path, probe, config.vocab_size, seq_len)
     return Analysis(path, model_type, [(0, partial(load_hugging_face, path))], windows, [])
 
 
-def plan_normlab(path: Path, args) -> Analysis:
+def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
     """A checkpoint, or every intact scheduled checkpoint of a run directory (damaged ones: a warning each)."""
     from omegaconf import OmegaConf
 
@@ -509,8 +506,8 @@ def plan_normlab(path: Path, args) -> Analysis:
             "copy, or train the run again"
         )
     model = OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]).model
-    seq_len = checked_seq_len(args, path, model.block_size, "model.block_size")
-    windows = load_probe(args.probe_dir, args.split, args.tokens, seq_len, model.vocab_size)
+    seq_len = checked_seq_len(cfg, path, model.block_size, "model.block_size")
+    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, model.vocab_size)
     return Analysis(
         path,
         "normlab",
@@ -520,12 +517,12 @@ def plan_normlab(path: Path, args) -> Analysis:
     )
 
 
-def plan(path: Path, args) -> Analysis:
+def plan(path: Path, cfg: DictConfig) -> Analysis:
     if not path.exists():
         raise AnalysisError(f"{path} does not exist: give a .ckpt, a run directory or a Hugging Face model directory")
     if (path / "config.json").is_file():
-        return plan_hugging_face(path, args)
-    return plan_normlab(path, args)
+        return plan_hugging_face(path, cfg)
+    return plan_normlab(path, cfg)
 
 
 def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[dict]:
@@ -547,53 +544,28 @@ def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[d
     return records
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = OneLineParser(
-        prog="normlab-angles",
-        description="Angle statistics (angles.csv) for normlab "
-        "checkpoints or run directories, or local Hugging Face causal LM directories.",
-    )
-    parser.add_argument(
-        "paths", nargs="+", type=Path, help="a .ckpt, a run directory (all its checkpoints) or a HF model directory"
-    )
-    parser.add_argument(
-        "--probe-dir", default="data/embedded", help="a prepared data directory (default: data/embedded)"
-    )
-    parser.add_argument("--split", default="val", help="its split to probe with (val, or probe for data=wikipedia)")
-    parser.add_argument("--tokens", type=positive_int, default=None, help="probe tokens (default: all of the split)")
-    parser.add_argument(
-        "--seq-len",
-        type=positive_int,
-        default=None,
-        help="tokens per sequence (default: the model's context, at most 1024)",
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=8)
-    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--out", type=Path, default=None, help="CSV to write (default: checkpoints/angles/<name>.csv)")
-    args = parser.parse_args(argv)
-    if args.out and len(args.paths) > 1:
-        parser.error(
-            "--out names one CSV file: give one path with it, or leave it out (each path then gets "
-            "checkpoints/angles/<name>.csv)"
-        )
-    if args.out and args.out.is_dir():
-        parser.error(f"--out {args.out} is a directory: give a file name, e.g. {args.out / 'angles.csv'}")
-    try:
-        analyses = [plan(path, args) for path in args.paths]  # every path checked before any model runs
-        for warning in (w for analysis in analyses for w in analysis.warnings):
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
-        measured = [(analysis, measure_analysis(analysis, args.device, args.batch_size)) for analysis in analyses]
-        for analysis, records in measured:  # written once all are measured: a failure leaves no partial output
-            out = args.out or Path("checkpoints/angles") / f"{analysis.path.resolve().name}.csv"
-            try:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                append_csv(out, records)
-            except OSError as e:
-                raise AnalysisError(f"cannot write {out} ({e.strerror}): give a writable --out") from None
-            checkpoints = len(analysis.checkpoints)
-            print(
-                f"wrote {out} ({checkpoints} checkpoint{'s' * (checkpoints > 1)}, "
-                f"{analysis.windows.numel():,} probe tokens)"
-            )
-    except NormlabError as e:
-        parser.error(str(e))
+def main(cfg: DictConfig) -> None:
+    """normlab-angles (normlab.cli.angles): the angle rows of every intact checkpoint of a run directory, of one
+    checkpoint, or of a Hugging Face model directory (`model_path`), on the probe set of `probe=`, into `out`."""
+    if OmegaConf.is_missing(cfg, "model_path") or not str(cfg.model_path).strip():
+        raise AnalysisError("no model given: model_path=RUN_DIR, model_path=CHECKPOINT.ckpt or "
+                            "model_path=HF_MODEL_DIR")
+    path = Path(str(cfg.model_path))
+    check_positive("seq_len", cfg.seq_len, "the model's context")
+    check_positive("probe.tokens", cfg.probe.tokens, "the whole split")
+    check_positive("probe.batch_size", cfg.probe.batch_size)
+    device = device_name(cfg.device)
+    out = Path(str(cfg.out or Path(cfg.paths.output_dir) / "angles" / f"{path.resolve().name}.csv"))
+    if out.is_dir():
+        raise AnalysisError(f"out={out} is a directory: give a file name, e.g. out={out / 'angles.csv'}")
+    analysis = plan(path, cfg)  # checked before any model runs
+    for warning in analysis.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    records = measure_analysis(analysis, device, cfg.probe.batch_size)
+    try:  # written once measured: a failure leaves no partial output
+        out.parent.mkdir(parents=True, exist_ok=True)
+        append_csv(out, records)
+    except OSError as e:
+        raise AnalysisError(f"cannot write {out} ({e.strerror}): give a writable out=") from None
+    count = len(analysis.checkpoints)
+    print(f"wrote {out} ({count} checkpoint{'s' * (count > 1)}, {analysis.windows.numel():,} probe tokens)")

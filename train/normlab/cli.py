@@ -1,6 +1,7 @@
-"""Entry points: normlab-train, normlab-prepare, normlab-describe: thin Hydra mains over conf/ (the work is in
-normlab.pipeline, normlab.prepare, normlab.plan). Nothing heavy is imported before Hydra has parsed the command line,
-so that a bad command line, --help and shell completion are answered at once."""
+"""Entry points: normlab-train, normlab-prepare, normlab-describe, normlab-angles, normlab-report: thin Hydra mains
+over conf/ (the work is in normlab.pipeline, normlab.prepare, normlab.plan, normlab.angles, normlab.report;
+normlab-bench's is normlab.bench.main). Nothing heavy is imported before Hydra has parsed the command line, so that a
+bad command line, --help and shell completion are answered at once."""
 
 import errno
 import itertools
@@ -9,8 +10,10 @@ import tempfile
 from pathlib import Path
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -24,15 +27,19 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-def check_group_choices(args: list[str]) -> None:
-    """Reject an unknown option of a config group (model=7m, norm=batchnorm) in one line that lists
-    the valid ones, before Hydra composes anything."""
+def check_command_line(args: list[str]) -> None:
+    """Answer in one line, before Hydra composes anything, what Hydra would answer with its usage block or a
+    multi-line parse error: an unknown flag, an argument that is not an override (a bare path); and an unknown option
+    of a config group (model=7m, norm=batchnorm), listing the valid ones."""
+    flags = get_args_parser()
+    flags.error = fail  # argparse would print the usage block first
     parser = OverridesParser.create()
-    for arg in args:
+    for arg in flags.parse_args(args).overrides:
         try:
             (override,) = parser.parse_overrides([arg])
-        except Exception:  # flags such as -m or --cfg, and their values: Hydra reports real errors itself
-            continue
+        except OverrideParseException:
+            fail(f"cannot read '{arg}' as a setting: give key=value (--help lists the keys; lists, sweeps and "
+                 "quoting: https://hydra.cc/docs/advanced/override_grammar/basic)")
         group = CONF_DIR / override.key_or_group
         if override.is_delete() or not group.is_dir() or override.key_or_group.startswith("hydra/"):  # Hydra's own
             continue
@@ -74,31 +81,47 @@ class WritableOutputDir(Callback):
             )
 
 
-def jobs_not_run() -> str:
+class OneModelPerOut(Callback):
+    """A Hydra callback of normlab-angles: out= names one CSV file, so a -m sweep over model_path with it is refused
+    in one line before any job runs."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        if config.out is not None and "model_path" in swept(config.hydra.overrides.task):
+            fail("out= names one CSV file, but model_path is swept: give one model_path with it, or leave out out= "
+                 "(each model then gets <paths.output_dir>/angles/<its name>.csv)")
+
+
+def swept(overrides) -> dict[str, list[str]]:
+    """The keys that the overrides sweep (several values), each with its values in order; a later override of a key
+    replaces an earlier one."""
+    values: dict[str, list[str]] = {}
+    for arg in overrides:
+        try:
+            (override,) = OverridesParser.create().parse_overrides([arg])
+        except OverrideParseException:
+            continue
+        key = override.get_key_element()
+        values[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else []
+    return {k: v for k, v in values.items() if len(v) > 1}
+
+
+def jobs_not_run(rerun_hint: str | None) -> str:
     """'; jobs not run: ...' for a -m sweep stopped in its current job: the jobs after it, in the order Hydra's basic
-    sweeper runs them (the product of the swept values, sweeper params first), each by its swept values."""
+    sweeper runs them (the product of the swept values, sweeper params first), each by its swept values, and
+    `rerun_hint` in brackets."""
     config = HydraConfig.get()
     if config.mode != RunMode.MULTIRUN:
         return ""
     params = [f"{k}={v}" for k, v in (config.sweeper.get("params") or {}).items()]
-    values: dict[str, list[str]] = {}
-    for arg in params + [a for a in sys.argv[1:] if not a.startswith("-")]:
-        try:
-            (override,) = OverridesParser.create().parse_overrides([arg])
-        except Exception:
-            continue
-        key = override.get_key_element()
-        values[key] = list(override.sweep_string_iterator()) if override.is_sweep_override() else [None]
-    swept = {k: v for k, v in values.items() if len(v) > 1}
-    jobs = [" ".join(f"{k}={v}" for k, v in zip(swept, job)) for job in itertools.product(*swept.values())]
+    values = swept(params + [a for a in sys.argv[1:] if not a.startswith("-")])
+    jobs = [" ".join(f"{k}={v}" for k, v in zip(values, job)) for job in itertools.product(*values.values())]
     later = jobs[config.job.num + 1 :]
-    return (
-        f"; jobs not run: {', '.join(later)} (run the same command again: finished runs are skipped)" if later else ""
-    )
+    return f"; jobs not run: {', '.join(later)}{f' ({rerun_hint})' if rerun_hint else ''}" if later else ""
 
 
-def hydra_app(config_name: str):
-    """Turn `task(cfg)` into a console-script entry point over conf/<config_name>.yaml."""
+def hydra_app(config_name: str, rerun_hint: str | None = None):
+    """Turn `task(cfg)` into a console-script entry point over conf/<config_name>.yaml; `rerun_hint`: what to do
+    about the jobs that a -m sweep stopped by an error did not run."""
 
     def decorate(task):
         @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
@@ -108,10 +131,10 @@ def hydra_app(config_name: str):
             except NormlabError as e:
                 if isinstance(e, Interrupted) and process_rank():
                     sys.exit(e.exit_code)  # rank 0 says it
-                fail(f"{e}{jobs_not_run()}", e.exit_code)
+                fail(f"{e}{jobs_not_run(rerun_hint)}", e.exit_code)
 
         def main():
-            check_group_choices(sys.argv[1:])
+            check_command_line(sys.argv[1:])
             run()
 
         main.__doc__ = task.__doc__
@@ -120,7 +143,7 @@ def hydra_app(config_name: str):
     return decorate
 
 
-@hydra_app("train")
+@hydra_app("train", rerun_hint="run the same command again: finished runs are skipped")
 def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest intact checkpoint of its run directory when there is one."""
     from normlab import pipeline
@@ -135,6 +158,14 @@ def prepare(cfg: DictConfig) -> None:
     from normlab.prepare import prepare as prepare_data
 
     prepare_data(cfg.data, num_proc=cfg.num_proc, ranks_file=cfg.tokenizer_ranks_file)
+
+
+@hydra_app("angles")
+def angles(cfg: DictConfig) -> None:
+    """Angle statistics (angles.csv) of `model_path`: a run directory, a checkpoint or a Hugging Face model."""
+    from normlab.angles import main as measure_angles
+
+    measure_angles(cfg)
 
 
 @hydra_app("describe")

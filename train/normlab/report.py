@@ -6,6 +6,7 @@ at the last checkpoint, with the null band; the paper's figures 3, 4, 6-13) and 
 pre-norm angle of every layer across checkpoints; figures 14-37); summary.md with the tables. Prints the tables.
 """
 
+import argparse
 import math
 import statistics
 from collections import defaultdict
@@ -19,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from normlab.angles import REFERENCES, AnalysisError, DamagedTable, OneLineParser, read_csv, read_rows  # noqa: E402
+from normlab.angles import REFERENCES, AnalysisError, DamagedTable, read_csv, read_rows  # noqa: E402
 from normlab.errors import NormlabError  # noqa: E402
 
 NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red"}
@@ -93,7 +94,7 @@ def load_run(run_dir: Path) -> Run:
         except DamagedTable as e:
             raise AnalysisError(
                 f"{e}: rerun the same normlab-train command, which repairs it, or regenerate it with "
-                f"normlab-angles {run_dir} --out {angles}"
+                f"normlab-angles model_path={run_dir} out={angles}"
             ) from None
     return run
 
@@ -307,6 +308,11 @@ def report(paths: list[Path], out: Path) -> None:
     images = "".join(f"![{f}]({f})\n\n" for f in figures)
     (out / "summary.md").write_text(f"# normlab report\n\n{tables}\n{images}")
     print(tables + f"\nwrote {len(figures)} figures and summary.md to {out}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def main(argv: list[str] | None = None) -> None:
