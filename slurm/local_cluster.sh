@@ -1,18 +1,20 @@
 #!/bin/bash
 # A one-node Slurm cluster on this machine (for the test suite): installs slurm-wlm and munge if needed,
-# writes a minimal slurm.conf and starts munged, slurmctld and slurmd. Needs root. Idempotent.
+# writes a minimal slurm.conf (partitions debug, the default, and second: the tests submit to both) and starts
+# munged, slurmctld and slurmd. Needs root. Idempotent.
 set -euo pipefail
 if ! command -v slurmctld >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 fi
 CPUS=$(nproc)
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge
-cat > /etc/slurm/slurm.conf <<CONF
+CONF=$(cat <<CONF
 ClusterName=normlab
 SlurmctldHost=localhost
 SlurmUser=root
 NodeName=localhost CPUs=$CPUS State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+PartitionName=second Nodes=localhost MaxTime=INFINITE State=UP
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -24,6 +26,11 @@ SlurmdSpoolDir=/var/spool/slurmd
 ReturnToService=2
 MpiDefault=none
 CONF
+)
+if [ "$CONF" != "$(cat /etc/slurm/slurm.conf 2>/dev/null)" ]; then
+    printf '%s\n' "$CONF" > /etc/slurm/slurm.conf
+    if pgrep -x slurmctld >/dev/null; then scontrol reconfigure; fi  # a running cluster takes the new settings
+fi
 if ! pgrep -x munged >/dev/null; then
     [ -s /etc/munge/munge.key ] || (dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null)
     chown -R munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge 2>/dev/null || true
