@@ -1,9 +1,16 @@
 """The real Hydra configs compose, and bad input fails in one line with exit code 2 and leaves nothing."""
 
+import math
+import re
+
 import pytest
+import torch
+from hydra.core.plugins import Plugins
 
 from conftest import compose_config, run_cli
+from normlab.callbacks.progress import PEAK_BF16_FLOPS
 from normlab.paths import PROJECT_ROOT
+from normlab.pipeline import build_model
 
 
 @pytest.mark.parametrize("model", ["tiny", "70m", "160m", "410m", "1b"])
@@ -71,3 +78,87 @@ def test_every_data_entry_composes_for_prepare_and_train(data):
         assert prep.data.source.probe_tokens == 1_000_000 and prep.data.source.streaming
     if data == "openwebtext":
         assert prep.data.source.val_fraction == 0.0005 and prep.data.source.split_seed == 2357
+
+
+# -- Slurm: the paper's batch scripts and Hydra's submitit launcher, per paper size
+
+PAPER_GPUS = {"paper_70m": 4, "paper_160m": 4, "paper_410m": 2, "paper_1b": 4}
+PAPER_HARDWARE = {"paper_70m": "A6000", "paper_160m": "A6000", "paper_410m": "A100", "paper_1b": "A100"}
+
+
+def slurm_minutes(limit: str) -> int:
+    """A time limit in any of sbatch's formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    days, clock = limit.split("-") if "-" in limit else (0, limit)
+    fields = [int(f) for f in clock.split(":")]
+    if "-" in limit or len(fields) == 3:
+        hours, minutes, seconds = fields + [0] * (3 - len(fields))
+    else:
+        hours, (minutes, seconds) = 0, fields + [0] * (2 - len(fields))
+    return int(days) * 24 * 60 + hours * 60 + minutes + math.ceil(seconds / 60)
+
+
+def test_slurm_minutes_reads_every_sbatch_format():
+    assert [slurm_minutes(t) for t in ["90", "90:30", "24:00:00", "1-0", "1-12:30", "3-00:00:00"]] == \
+        [90, 91, 1440, 1440, 2190, 4320]
+
+
+@pytest.mark.parametrize("experiment", PAPER_GPUS)
+def test_paper_batch_scripts_fit_24_hours_requeue_themselves_and_leave_partition_and_account_to_the_site(experiment):
+    script = (PROJECT_ROOT / "slurm" / f"{experiment}.sbatch").read_text()
+    options = dict(re.findall(r"^#SBATCH[ \t]+(-{1,2}[\w-]+)(?:[= \t]+(\S+))?", script, flags=re.MULTILINE))
+    assert slurm_minutes(options["--time"]) <= 24 * 60
+    signal, lead_seconds = options["--signal"].split("@")
+    assert signal in ("SIGUSR1", "USR1") and int(lead_seconds) >= 60  # a step and a save of last.ckpt fit
+    assert "--requeue" in options and options["--open-mode"] == "append"  # a requeued job appends to its log
+    assert not {"--partition", "-p", "--account", "-A"} & set(options)
+    gpus = compose_config("train", [f"experiment={experiment}"]).trainer.devices
+    assert gpus == PAPER_GPUS[experiment]
+    assert int(options["--ntasks-per-node"]) == gpus and options["--gres"] == f"gpu:{gpus}"
+    assert 'source "${SLURM_SUBMIT_DIR:-.}/slurm/env.sh"' in script
+    assert f"srun --kill-on-bad-exit=1 normlab-train experiment={experiment} " in script
+
+
+def submitit_params(launcher: str, experiment: str, *overrides: str) -> dict:
+    """The settings the submitit launcher passes to submitit, resolved as at a -m launch: Hydra instantiates the
+    launcher from the composed config, so that its interpolations resolve against the job's config."""
+    cfg = compose_config("train", [f"hydra/launcher={launcher}", f"experiment={experiment}", *overrides], True)
+    return Plugins.instance().instantiate_launcher(hydra_context=None, task_function=None, config=cfg).params
+
+
+@pytest.mark.parametrize("launcher,gb_per_gpu", [("slurm_a100", 100), ("slurm_a6000", 50)])
+@pytest.mark.parametrize("experiment", PAPER_GPUS)
+def test_submitit_launcher_is_sized_by_the_experiment_and_takes_partition_and_account_from_the_environment(
+    launcher, gb_per_gpu, experiment, monkeypatch
+):
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    monkeypatch.delenv("SBATCH_ACCOUNT", raising=False)
+    params = submitit_params(launcher, experiment)
+    gpus = PAPER_GPUS[experiment]
+    assert params["tasks_per_node"] == params["gpus_per_node"] == gpus and params["nodes"] == 1
+    assert params["mem_per_gpu"] == f"{gb_per_gpu}G" and params["mem_gb"] is None
+    assert params["timeout_min"] == 24 * 60 and params["signal_delay_s"] >= 60
+    assert params["partition"] is None and params["account"] is None
+    assert params["setup"] == ["source slurm/env.sh"]
+    assert params["submitit_folder"] == f"{PROJECT_ROOT}/checkpoints/{experiment}/.submitit/%j"
+
+    monkeypatch.setenv("SBATCH_PARTITION", "gpu-long")
+    monkeypatch.setenv("SBATCH_ACCOUNT", "lab")
+    params = submitit_params(launcher, experiment, "trainer.num_nodes=2", "trainer.devices=8")
+    assert (params["partition"], params["account"], params["nodes"], params["tasks_per_node"]) == \
+        ("gpu-long", "lab", 2, 8)
+    assert submitit_params(launcher, experiment, "hydra.launcher.partition=debug")["partition"] == "debug"
+
+
+@pytest.mark.parametrize("experiment", PAPER_GPUS)
+def test_submitit_launcher_requeues_a_paper_run_enough_times_to_finish_it(experiment):
+    """Jobs of 24 h, requeued at each time-out up to max_num_timeout times: enough for the run at a modest 20% MFU
+    on its paper hardware (FLOPs per token x tokens / the GPUs' dense bf16 peak)."""
+    launcher = {"A100": "slurm_a100", "A6000": "slurm_a6000"}[PAPER_HARDWARE[experiment]]
+    cfg = compose_config("train", [f"hydra/launcher={launcher}", f"experiment={experiment}"], with_hydra=True)
+    with torch.device("meta"):
+        flops_per_token = build_model(cfg).flops_per_token()
+    tokens = cfg.trainer.max_steps * cfg.global_batch_size * cfg.model.block_size
+    peak = PEAK_BF16_FLOPS[PAPER_HARDWARE[experiment]] * cfg.trainer.devices * cfg.trainer.num_nodes
+    hours = flops_per_token * tokens / (0.2 * peak) / 3600
+    launch = cfg.hydra.launcher
+    assert 2 < hours < (launch.max_num_timeout + 1) * launch.timeout_min / 60
