@@ -209,8 +209,30 @@ def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
     assert (tmp_path / "metrics.csv").is_file()
 
 
+def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path):
+    """Output not on a terminal (a Slurm job's log): no progress bar, a line every print_every steps instead, and
+    Lightning's and wandb's messages reduced to what a user reads (the wandb logger on, offline)."""
+    overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["callbacks.throughput.print_every=4"]
+    result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    with open(tmp_path / "metrics.csv", newline="") as f:
+        losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]}
+    lines = [line for line in log.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in lines] == ["step 4/6 (67%)", "step 6/6 (100%)"]
+    pattern = r"step (\d)/6 \(\d+%\) \| loss ([\d.]+) \| lr ([\d.e-]+) \| [\d,]+ tokens/s \| elapsed [\d:]+ \| ETA ([\d:]+)"
+    for line, step in zip(lines, (4, 6)):
+        shown_step, loss, lr, eta = re.fullmatch(pattern, line).groups()
+        assert int(shown_step) == step and float(loss) == pytest.approx(losses[step - 1], abs=1e-4)  # just taken
+    assert eta == "0:00:00"
+    assert "6,541,184 parameters (2 layers, d=64, layernorm)" in log  # the one-line summary, not Lightning's table
+    for noise in ("Tip:", "TPU available", "Total FLOPs", "Epoch 0/", "Run history", "Run summary", "LeafSpec"):
+        assert noise not in log, noise
+    assert log.count("`Trainer.fit` stopped") == 1  # once, not once per console
+
+
 def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path):
-    result = run_cli("normlab-report", str(sweep), "--out", str(tmp_path))
+    result = run_cli("normlab-report", f"runs={sweep}", f"out={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "loss.png").stat().st_size > 10_000
     summary = (tmp_path / "summary.md").read_text()

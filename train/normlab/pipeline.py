@@ -5,6 +5,7 @@ conf -> train(cfg) -> data module, model, callbacks, loggers -> Lightning Traine
 where they are used, so that a bad command line is answered in a second."""
 
 import dataclasses
+import sys
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -12,7 +13,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.errors import ConfigError, Interrupted, NormlabError, received
+from normlab.errors import ConfigError, Interrupted, NormlabError, process_rank, received
 
 
 def build(config: DictConfig):
@@ -86,6 +87,8 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
         *([run.io] if run else []),
         *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
     ]
+    # The bar on a terminal; in a job's log, TokenThroughput's progress lines instead
+    shown = {} if "enable_progress_bar" in cfg.trainer else {"enable_progress_bar": sys.stdout.isatty()}
     precision = cfg.trainer.precision
     if precision == "bf16-mixed":  # Lightning's own would refuse to clip the gradients of the fused AdamW
         import torch
@@ -102,8 +105,19 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
         accumulate_grad_batches=accumulate,
         plugins=plugins,
         precision=precision,
+        **shown,
         val_check_interval=cfg.trainer.val_check_interval * accumulate,
     )  # Lightning counts micro-batches
+
+
+def summary(cfg: DictConfig, module, accumulate: int) -> str:
+    """One line on what is trained: instead of Lightning's model table."""
+    model, devices = module.model, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
+    config = model.config
+    return (f"{cfg.run_name}: {model.num_params():,} parameters ({config.n_layer} layers, d={config.n_embd}, "
+            f"{cfg.norm.name}), {model.flops_per_token() / 1e6:,.0f} MFLOPs/token; {cfg.trainer.max_steps:,} steps of "
+            f"{cfg.data.batch_size} x {devices} x {cfg.trainer.num_nodes} x {accumulate} sequences "
+            f"(micro-batch x devices x nodes x accumulation); {cfg.trainer.precision}; run directory {cfg.run_dir}")
 
 
 def train(cfg: DictConfig, extra_callbacks=()):
@@ -118,6 +132,9 @@ def train(cfg: DictConfig, extra_callbacks=()):
         import lightning as L
 
         from normlab import runtime
+        from normlab.console import quiet_libraries
+
+        quiet_libraries()
         from normlab.run_dir import RunDirectory
 
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
@@ -144,6 +161,8 @@ def train(cfg: DictConfig, extra_callbacks=()):
             print(f"{run_dir} is finished (step {run.resume_step} of {cfg.trainer.max_steps}): nothing to do")
             return module
         trainer = build_trainer(cfg, [*callbacks, *extra_callbacks], accumulate)
+        if not process_rank():
+            print(summary(cfg, module, accumulate), flush=True)
         failed = True
         try:
             with attention:

@@ -1,5 +1,7 @@
-"""Progress of a training run: token throughput and MFU at every step."""
+"""Progress of a training run: token throughput and MFU at every step, and a progress line in the job's log."""
 
+import datetime
+import sys
 import time
 
 import lightning as L
@@ -21,15 +23,22 @@ def peak_flops(device: torch.device) -> float | None:
 class TokenThroughput(L.Callback):
     """Logs training tokens/s (all devices, and per device) at every optimizer step, measured from
     the end of one step to the end of the next (time spent in validation is left out), and the model
-    FLOPs utilisation, train/mfu, where the GPU's peak is known (PEAK_BF16_FLOPS, or peak_flops=)."""
+    FLOPs utilisation, train/mfu, where the GPU's peak is known (PEAK_BF16_FLOPS, or peak_flops=).
+    When the output is not a terminal (a Slurm job's log), where no progress bar is drawn, rank 0 prints a progress
+    line every `print_every` optimizer steps (and at the last): step/max, loss, lr, tokens/s, MFU, elapsed, ETA."""
 
-    def __init__(self, peak_flops: float | None = None):
+    def __init__(self, peak_flops: float | None = None, print_every: int = 100):
         self.peak_flops = peak_flops
+        self.print_every = print_every
         self._last: float | None = None
         self._tokens = 0
+        self._started: tuple[float, int] | None = None  # (time, step) when this launch began training
 
     def setup(self, trainer, pl_module, stage):
         self.peak_flops = self.peak_flops or peak_flops(trainer.strategy.root_device)
+
+    def on_train_start(self, trainer, pl_module):
+        self._started = (time.perf_counter(), trainer.global_step)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._last is None:
@@ -54,6 +63,31 @@ class TokenThroughput(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._tokens, self._last = 0, now
+        step = trainer.global_step
+        if trainer.is_global_zero and not sys.stdout.isatty() and (step % self.print_every == 0 or
+                                                                   step == trainer.max_steps):
+            print(self.progress_line(trainer, pl_module, metrics, now), flush=True)
+
+    def progress_line(self, trainer, pl_module, metrics: dict, now: float) -> str:
+        step, max_steps = trainer.global_step, trainer.max_steps
+        began, first_step = self._started
+        elapsed = now - began
+        rate = (step - first_step) / elapsed  # steps/s of this launch, validations and checkpoints included
+        loss = torch.stack(pl_module.micro_losses).mean().item()  # of the step just taken, on rank 0
+        parts = [
+            f"step {step}/{max_steps} ({step / max_steps:.0%})",
+            f"loss {loss:.4f}",
+            f"lr {trainer.optimizers[0].param_groups[0]['lr']:.3g}",
+            f"{metrics['train/tokens_per_sec']:,.0f} tokens/s",
+            *([f"MFU {metrics['train/mfu']:.1%}"] if "train/mfu" in metrics else []),
+            f"elapsed {duration(elapsed)}",
+            f"ETA {duration((max_steps - step) / rate)}",
+        ]
+        return " | ".join(parts)
 
     def on_validation_end(self, trainer, pl_module):
         self._last = None  # restart the clock at the next training batch
+
+
+def duration(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
