@@ -58,8 +58,8 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     work = tmp_path / "project"  # a user's project folder: data/ and checkpoints/ are found here
     shutil.copytree(DATA_DIR / "embedded", work / "data" / "embedded")
     shutil.copytree(DATA_DIR / "tokenizer", work / "data" / "tokenizer")
-    where = run(env, work, sys.executable, "-c", "import normlab, normlab.paths as p; print(normlab.__file__, p.CONF_DIR)")
-    assert where.stdout.split() == [str(site / "normlab" / "__init__.py"), str(site / "normlab" / "conf")]
+    where = run(env, work, sys.executable, "-c", "import normlab.paths as p; print(p.__file__, p.CONF_DIR)")
+    assert where.stdout.split() == [str(site / "normlab" / "paths.py"), str(site / "normlab" / "conf")]
 
     described = run(env, work, "normlab-describe", "experiment=paper_1b")
     assert described.returncode == 0, described.stderr

@@ -220,7 +220,8 @@ def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path)
         losses = {int(r["step"]): float(r["train/loss"]) for r in csv.DictReader(f) if r["train/loss"]}
     lines = [line for line in log.splitlines() if line.startswith("step ")]
     assert [line.split(" | ")[0] for line in lines] == ["step 4/6 (67%)", "step 6/6 (100%)"]
-    pattern = r"step (\d)/6 \(\d+%\) \| loss ([\d.]+) \| lr ([\d.e-]+) \| [\d,]+ tokens/s \| elapsed [\d:]+ \| ETA ([\d:]+)"
+    pattern = (r"step (\d)/6 \(\d+%\) \| loss ([\d.]+) \| lr ([\d.e-]+) \| [\d,]+ tokens/s \| "
+               r"elapsed [\d:]+ \| ETA ([\d:]+)")
     for line, step in zip(lines, (4, 6)):
         shown_step, loss, lr, eta = re.fullmatch(pattern, line).groups()
         assert int(shown_step) == step and float(loss) == pytest.approx(losses[step - 1], abs=1e-4)  # just taken

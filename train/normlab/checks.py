@@ -54,7 +54,8 @@ def check_arguments(name: str, node: DictConfig) -> None:
 def check_slurm_tasks(devices) -> None:
     """Under a Slurm batch job, one task per device: Lightning starts no processes of its own there."""
     tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
-    if tasks and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive") and str(devices) != tasks.split("(")[0]:
+    interactive = os.environ.get("SLURM_JOB_NAME") in ("bash", "interactive")
+    if tasks and not interactive and str(devices) != tasks.split("(")[0]:
         raise ConfigError(f"Slurm runs {tasks} tasks per node but trainer.devices={devices}: set --ntasks-per-node "
                           "equal to the devices per node (one task per GPU)")
 

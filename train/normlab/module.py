@@ -58,7 +58,7 @@ class LanguageModel(L.LightningModule):
             self.log("train/loss", step_loss, prog_bar=True, sync_dist=True, batch_size=1)
 
     def validation_step(self, batch, batch_idx):
-        self.log("val/loss", self.loss(batch), prog_bar=True, batch_size=batch[0].shape[0])
+        self.log("val/loss", self.loss(batch), prog_bar=True, sync_dist=True, batch_size=batch[0].shape[0])
 
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]

@@ -34,9 +34,9 @@ RUN_ID_FILE = "run_id"  # in a run directory: its wandb run id (train/normlab/ru
 # change neither what it computes (beyond float rounding) nor what it records, so they stay out of its name and may
 # change when it resumes. (The devices may change because the global batch is checked itself: run_dir.py.)
 NOT_IDENTITY = ("experiment", "experiment_name", "run_name", "run_dir", "restart", "paths", "logger", "runtime",
-                "hydra", "activation_checkpointing", "trainer.devices", "trainer.num_nodes", "trainer.accelerator",
-                "trainer.strategy", "data.dir", "data.num_workers", "data.verify_checksums", "probe.dir",
-                "callbacks.angles.probe_dir", "callbacks.throughput")
+                "hydra", "activation_checkpointing", "strategy", "trainer.devices", "trainer.num_nodes",
+                "trainer.accelerator", "trainer.strategy", "data.dir", "data.num_workers", "data.verify_checksums",
+                "probe.dir", "callbacks.angles.probe_dir", "callbacks.throughput")
 IN_THE_NAME = ("model", "norm", "seed")  # the group choices and the seed (model.lr, say, goes into the tag)
 TAG_LENGTH = 60  # longer tags keep their first characters and a hash of the whole
 
