@@ -25,7 +25,7 @@ data/embedded/meta.json: $(VENV)/.installed
 
 demo: data/embedded/meta.json
 	$(BIN)/normlab-train -m experiment=demo
-	$(BIN)/normlab-report checkpoints/demo
+	$(BIN)/normlab-report runs=checkpoints/demo
 
 test: $(VENV)/.installed
 	bash slurm/local_cluster.sh || echo "warning: no one-node Slurm cluster (needs root and apt-get): tests/test_slurm.py cannot run"

@@ -168,6 +168,14 @@ def angles(cfg: DictConfig) -> None:
     measure_angles(cfg)
 
 
+@hydra_app("report")
+def report(cfg: DictConfig) -> None:
+    """Loss and angle figures and summary.md of the normlab runs in `runs`, LN and RMS side by side."""
+    from normlab.report import main as write_report
+
+    write_report(cfg)
+
+
 @hydra_app("describe")
 def describe(cfg: DictConfig) -> None:
     """Parameter counts and training FLOPs per token of `model=` with `norm=`, on the meta device."""

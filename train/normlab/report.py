@@ -1,4 +1,4 @@
-"""normlab-report RUN_OR_SWEEP_DIR...: figures and a summary of normlab runs, LN and RMS side by side.
+"""normlab-report runs=[RUN_OR_SWEEP_DIR,...]: figures and a summary of normlab runs, LN and RMS side by side.
 
 Writes into <out> (default <first dir>/report): loss.png (training and validation loss); for runs with
 angles.csv, angles_by_layer_<model>.png (per-layer angle to 1, a~ and b~ before and after the norms, mean +- std
@@ -6,7 +6,6 @@ at the last checkpoint, with the null band; the paper's figures 3, 4, 6-13) and 
 pre-norm angle of every layer across checkpoints; figures 14-37); summary.md with the tables. Prints the tables.
 """
 
-import argparse
 import math
 import statistics
 from collections import defaultdict
@@ -21,7 +20,6 @@ import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from normlab.angles import REFERENCES, AnalysisError, DamagedTable, read_csv, read_rows  # noqa: E402
-from normlab.errors import NormlabError  # noqa: E402
 
 NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red"}
 REFERENCE_LABELS = {
@@ -295,7 +293,7 @@ def report(paths: list[Path], out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise AnalysisError(f"cannot create {out} ({e.strerror}): give a writable --out") from None
+        raise AnalysisError(f"cannot create {out} ({e.strerror}): give a writable out=") from None
     plot_losses(runs, out / "loss.png")
     figures = ["loss.png"]
     with_angles = [r for r in runs if r.angles]
@@ -310,17 +308,10 @@ def report(paths: list[Path], out: Path) -> None:
     print(tables + f"\nwrote {len(figures)} figures and summary.md to {out}")
 
 
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = OneLineParser(prog="normlab-report", description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories, or directories holding runs")
-    parser.add_argument("--out", type=Path, help="output directory (default: <first path>/report)")
-    args = parser.parse_args(argv)
-    try:
-        report(args.paths, args.out or args.paths[0] / "report")
-    except NormlabError as e:
-        parser.error(str(e))
+def main(cfg: DictConfig) -> None:
+    """normlab-report (conf/report.yaml, normlab.cli.report): the report of `runs` (one path, or a list) into `out`."""
+    runs = None if OmegaConf.is_missing(cfg, "runs") else cfg.runs
+    paths = [Path(str(p)) for p in (runs if OmegaConf.is_list(runs) else [runs]) if p is not None and str(p).strip()]
+    if not paths:
+        raise AnalysisError("no runs given: runs=DIR or runs=[DIR,...] (run directories, or directories holding runs)")
+    report(paths, Path(str(cfg.out)) if cfg.out else paths[0] / "report")
