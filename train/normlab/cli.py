@@ -46,7 +46,7 @@ def check_command_line(args: list[str]) -> None:
         choices = (
             override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
         )
-        valid = sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))  # _x: shared parts
+        valid = sorted(p.stem for p in group.glob("*.yaml"))
         for choice in choices:
             if choice not in valid and choice != "null":
                 fail(
