@@ -178,13 +178,16 @@ def report(cfg: DictConfig) -> None:
 
 @hydra_app("describe")
 def describe(cfg: DictConfig) -> None:
-    """Parameter counts and training FLOPs per token of `model=` with `norm=`, on the meta device."""
+    """Parameter counts and training FLOPs per token of `model=` with `norm=`, on the meta device, and the resource
+    plan for the GPUs of plan.gpus (normlab/plan.py)."""
     import torch
 
+    from normlab import plan
     from normlab.pipeline import build_model
 
     with torch.device("meta"):
         model = build_model(cfg)
+    resources = plan.render(cfg, model)  # first: a bad plan.gpus is refused before anything is printed
     c = model.config
     rows = [
         ("model", f"{cfg.model.name} ({c.n_layer} layers, d={c.n_embd}, {c.n_head} heads, context {c.block_size})"),
@@ -196,3 +199,4 @@ def describe(cfg: DictConfig) -> None:
     ]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
+    print(f"\n{resources}")

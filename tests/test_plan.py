@@ -1,0 +1,168 @@
+"""The resource plan (normlab/plan.py) against what really happens on CPU: the bytes autograd saves for backward, the
+peak memory of real training steps, the disk of a real run's checkpoints; and normlab-describe's plan."""
+
+import re
+
+import pytest
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from conftest import FAST_TRAIN, compose_config, run_cli
+from normlab import plan
+from normlab.pipeline import build_model, build_module, train
+
+# Layers, width, heads, context, vocabulary, norm and micro-batch vary; with GPT-2's vocabulary the logits dominate.
+SHAPES = {
+    "tiny-vocab256": (["model.vocab_size=256"], 2),
+    "rms-2x96-context64": (["norm=rmsnorm", "model.n_layer=2", "model.n_embd=96", "model.n_head=3",
+                            "model.block_size=64", "model.vocab_size=512"], 3),
+    "3x128-context32-gpt2-vocab": (["model.n_layer=3", "model.n_embd=128", "model.n_head=8",
+                                    "model.block_size=32"], 4),
+}
+
+
+def module_and_batch(overrides: list[str], batch: int, checkpointing: bool):
+    cfg = compose_config("train", [*overrides, f"activation_checkpointing={checkpointing}"])
+    module = build_module(cfg)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.block_size + 1), generator=generator)
+    return module, (ids[:, :-1].contiguous(), ids[:, 1:].contiguous())  # as the data loader stacks them
+
+
+def saved_for_backward(module, batch, mixed: bool) -> int:
+    """Bytes of the storages autograd saves in the training loss's forward pass (bf16 autocast as Lightning's
+    bf16-mixed applies it), each once, parameters left out."""
+    parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+            loss = module.loss(batch)
+    loss.backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointing"])
+def test_saved_activations_are_the_bytes_autograd_saves(shape, mixed, checkpointing):
+    overrides, batch = SHAPES[shape]
+    module, ids = module_and_batch(overrides, batch, checkpointing)
+    measured = saved_for_backward(module, ids, mixed)
+    predicted = plan.saved_activation_bytes(plan.ModelShape.of(module.model), batch, mixed, checkpointing)
+    # Only the loss's scalar weight is left out of the formula: well within the 10% asked.
+    assert predicted == pytest.approx(measured, rel=0.001)
+
+
+def peak_of_training_steps(module, batch, mixed: bool, accumulate: int) -> int:
+    """Peak bytes of tensors over two optimizer steps (forward and backward of each micro-batch in autocast as under
+    bf16-mixed, clipping, fused AdamW, zero_grad), after one step that created AdamW's state."""
+    optimizer = module.configure_optimizers()["optimizer"]
+    tracker = MemTracker()
+    tracker.track_external(module, optimizer)
+
+    def step():
+        for _ in range(accumulate):
+            tracker.reset_mod_stats()  # its per-module statistics allow one forward pass each
+            with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+                loss = module.loss(batch)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
+    with tracker:
+        step()
+        step()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+@pytest.mark.parametrize("shape,accumulate", [("3x128-context32-gpt2-vocab", 1), ("3x128-context32-gpt2-vocab", 2),
+                                              ("tiny-vocab256", 1)])
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointing"])
+def test_memory_per_gpu_bounds_the_peak_of_real_training_steps(shape, accumulate, mixed, checkpointing):
+    overrides, batch = SHAPES[shape]
+    module, ids = module_and_batch(overrides, batch, checkpointing)
+    measured = peak_of_training_steps(module, ids, mixed, accumulate)
+    run = plan.Setting(batch, accumulate, world=1, mixed=mixed, strategy="single", checkpointing=checkpointing)
+    predicted = plan.memory_per_gpu(plan.ModelShape.of(module.model), run).total
+    # An upper bound, tight where the logits dominate (the GPT-2 vocabulary); with a small vocabulary the gradients of
+    # the backward pass are bounded by all of them.
+    tightness = 0.999 if "gpt2" in shape else 0.8
+    assert tightness * predicted <= measured <= predicted
+
+
+def test_checkpoint_disk_is_what_a_run_writes(prepared, tmp_path):
+    cfg = compose_config("train", [*FAST_TRAIN, f"run_dir={tmp_path}/run"])
+    train(cfg)
+    files = {p.stat().st_ino: p.stat().st_size for p in (tmp_path / "run" / "checkpoints").glob("*.ckpt")}
+    disk = plan.checkpoint_disk(cfg, build_model(cfg).num_params())
+    assert len(files) == disk.scheduled + 2  # step-0, 2, 4, 6, last.ckpt and previous.ckpt
+    assert disk.total <= sum(files.values()) <= 1.01 * disk.total  # configs and counters: a few kB
+
+
+def table_of(stdout: str) -> list[dict]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("gpu "))
+    columns = re.split(r"\s{2,}", lines[start])
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("memory/GPU"):
+            return rows
+        rows.append(dict(zip(columns, re.split(r"\s{2,}", line))))
+
+
+def test_describe_plans_the_paper_1b_run_on_every_gpu(tmp_path):
+    result = run_cli("normlab-describe", "experiment=paper_1b", "norm=rmsnorm", "plan.gpus=[a100_40gb,h100,48GB]",
+                     "plan.mfu=0.5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = compose_config("describe", ["experiment=paper_1b", "norm=rmsnorm"])
+    with torch.device("meta"):
+        shape = plan.ModelShape.of(build_model(cfg))
+    run = plan.setting(cfg)
+    assert (run.batch, run.accumulate, run.world, run.mixed, run.strategy) == (16, 1, 4, True, "ddp")
+    rows = table_of(result.stdout)
+    options = [("ddp *", "no"), ("ddp", "yes"), ("fsdp", "no"), ("fsdp", "yes")]  # * the config's
+    assert [(r["gpu"], r["strategy"], r["act. ckpt"]) for r in rows] == [
+        (g, *option) for g in ("A100 40GB", "H100 SXM 80GB", "48GB") for option in options]
+    for row in rows:
+        strategy = row["strategy"].rstrip(" *")
+        option = plan.Setting(16, 1, 4, True, strategy, row["act. ckpt"] == "yes")
+        memory = plan.memory_per_gpu(shape, option).total
+        gpu = plan.gpu({"A100 40GB": "a100_40gb", "H100 SXM 80GB": "h100"}.get(row["gpu"], row["gpu"]))
+        assert row["memory/GPU"] == plan.size(memory)
+        assert row["fits"] == ("yes" if plan.fits(memory, gpu) else "NO")
+        largest = int(row["max micro-batch"])
+        assert plan.fits(plan.memory_per_gpu(shape, plan.Setting(largest, 1, 4, True, strategy, option.checkpointing))
+                         .total, gpu)
+        assert not plan.fits(plan.memory_per_gpu(shape, plan.Setting(largest + 1, 1, 4, True, strategy,
+                                                                     option.checkpointing)).total, gpu)
+        if gpu.peak_flops is None:  # a memory size: no time estimate
+            assert (row["step"], row["wall"], row["GPU-hours"]) == ("-", "-", "-")
+            continue
+        step = plan.step_seconds(shape, 16 * 1024, gpu.peak_flops, 0.5, option.checkpointing)
+        assert (row["step"], row["wall"], row["GPU-hours"]) == (
+            plan.duration(step), plan.duration(step * 50000), plan.count(step * 50000 * 4 / 3600))
+    # 1b does not fit an A100 40GB with DDP at 16 sequences per GPU, but does with FSDP or activation checkpointing
+    a100 = {(r["strategy"].rstrip(" *"), r["act. ckpt"]): r["fits"] for r in rows if r["gpu"] == "A100 40GB"}
+    assert a100 == {("ddp", "no"): "NO", ("ddp", "yes"): "yes", ("fsdp", "no"): "yes", ("fsdp", "yes"): "yes"}
+    disk = plan.checkpoint_disk(cfg, shape.params)
+    assert f"= {disk.total / 1e9:.1f} GB per run" in result.stdout and disk.scheduled == 15
+
+
+def test_describe_refuses_an_unknown_gpu_in_one_line(tmp_path):
+    result = run_cli("normlab-describe", "plan.gpus=[h100,v100]", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""  # nothing printed before the refusal
+    assert result.stderr.strip() == (
+        "normlab-describe: error: unknown GPU 'v100' in plan.gpus: choose from a100_40gb, a100_80gb, a6000, h100, "
+        "h100_pcie, h200, or give a memory size such as 80GB"
+    )
