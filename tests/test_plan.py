@@ -8,7 +8,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from conftest import FAST_TRAIN, compose_config, run_cli
-from normlab import plan
+from normlab import plan, preflight
 from normlab.pipeline import build_model, build_module, train
 
 # Layers, width, heads, context, vocabulary, norm and micro-batch vary; with GPT-2's vocabulary the logits dominate.
@@ -166,3 +166,31 @@ def test_describe_refuses_an_unknown_gpu_in_one_line(tmp_path):
         "normlab-describe: error: unknown GPU 'v100' in plan.gpus: choose from a100_40gb, a100_80gb, a6000, h100, "
         "h100_pcie, h200, or give a memory size such as 80GB"
     )
+
+
+def test_preflight_runs_every_paper_preset_through_the_real_pipeline_on_cpu(tmp_path):
+    out = tmp_path / "bench.md"
+    result = run_cli("normlab-bench", "preflight", "--out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = out.read_text()
+    assert table in result.stdout and table.startswith("normlab-bench preflight: torch ")
+    rows = dict(re.findall(r"^\| (preflight .+?) \| (.+) \|$", table, re.M))
+    assert [name.split()[1] for name in rows] == list(preflight.PRESETS)
+    for name, outcome in rows.items():
+        preset = name.split()[1]
+        assert f"{name}: {outcome}" in result.stdout  # also printed as soon as known
+        # The preset's own settings (bf16-mixed, its global batch cut to one device) at the tiny size
+        cfg = compose_config("train", [f"experiment={preset}", *preflight.CPU_SIZE, "trainer.devices=1"])
+        assert name.startswith(f"preflight {preset} (tiny layernorm, micro-batch 2, 1 per step, bf16-mixed, cpu)")
+        with torch.device("meta"):
+            shape = plan.ModelShape.of(build_model(cfg))
+        planned = plan.memory_per_gpu(shape, plan.Setting(2, 1, 1, True, "single", False)).total
+        assert outcome.startswith(f"PASS: memory not measured (planned {plan.size(planned)}); MFU not measured")
+        assert re.search(r"; loss \d+\.\d\d, finite; [\d.]+ m?s/step; \d+ s in all$", outcome)
+
+
+def test_preflight_fails_a_diverging_preset(monkeypatch):
+    monkeypatch.setattr(preflight, "CPU_SIZE", [*preflight.CPU_SIZE, "model.lr=1e30"])
+    name, outcome = preflight.check("paper_70m", torch.device("cpu"))
+    assert name.startswith("preflight paper_70m (tiny")
+    assert outcome.startswith("FAIL: ") and ", NOT FINITE;" in outcome

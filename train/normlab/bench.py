@@ -5,6 +5,8 @@
     normlab-bench step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
     normlab-bench prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
     normlab-bench angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
+    normlab-bench preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
+                                 the resource plan (memory, MFU); only when named (normlab/preflight.py)
 
 Times are medians of repetitions interleaved between the things compared, so that a machine shared with other
 work slows them alike; ratios are what to read.
@@ -25,6 +27,7 @@ from pathlib import Path
 from normlab.paths import PROJECT_ROOT
 
 SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
+CHECKS = ["preflight"]  # pass/fail checks: run only when named
 
 
 def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
@@ -361,7 +364,7 @@ def cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, []], help="default: all")
+    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, *CHECKS, []], help="default: all but the checks")
     parser.add_argument("--scale", type=int, default=2, help="copies of the embedded corpus in the 1x prepare corpus")
     parser.add_argument("--model", default="70m", help="model preset for the angle benchmark")
     parser.add_argument("--seq-len", type=int, default=256)
@@ -390,6 +393,10 @@ def main(argv: list[str] | None = None) -> None:
         rows += bench_prepare(args.scale)
     if "angles" in sections:
         rows += bench_angles(args.model, args.seq_len, 4, 3 * args.repeats)
+    if "preflight" in sections:
+        from normlab.preflight import preflight
+
+        rows += preflight(device)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     header = (
         f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
@@ -399,6 +406,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table)
     print(table + f"\nwrote {args.out}")
+    if any(result.startswith("FAIL") for _, result in rows):
+        sys.exit(1)  # a failed check
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ class _Activations:
     logits: int  # values in the logits: batch x block_size x vocab
 
 
-def _activations(shape: ModelShape, batch: int, mixed: bool, bf16_parameters: bool) -> _Activations:
+def _activations(shape: ModelShape, batch: int, mixed: bool) -> _Activations:
     s, T = shape, shape.block_size
     N, d = batch * T, shape.n_embd
     a = 2 if mixed else 4  # bytes of a matmul's input: bf16 under autocast, else fp32
@@ -124,7 +124,6 @@ def _activations(shape: ModelShape, batch: int, mixed: bool, bf16_parameters: bo
     # c_fc's input, GELU's input (c_fc's output, 4d wide) and c_proj's input (GELU's output, 4d wide). Dropout with
     # p = 0 saves nothing.
     block = 2 * (residual + stats) + a * N * d * (1 + 3 + 1 + 1 + 4 + 4) + 4 * N * s.n_head
-    copies = mixed and not bf16_parameters  # FSDP's gathered parameters are bf16 already: autocast copies nothing
     # Outside the blocks: token ids (the embedding) and targets (the loss), int64, and the positions; the final
     # norm's input and statistics; the LM head's input (and its weight's bf16 copy); log_softmax's fp32 output.
     outside = 8 * (2 * N + T) + residual + stats + a * N * d + 4 * N * s.vocab_size
@@ -132,43 +131,40 @@ def _activations(shape: ModelShape, batch: int, mixed: bool, bf16_parameters: bo
         block=block,
         # GELU's output and input gradients (4d wide, in the activations' dtype) and the residual stream's (fp32)
         block_gradients=2 * a * N * 4 * d + 2 * residual,
-        block_weight_copies=2 * s.block_matmul_weights if copies else 0,
+        block_weight_copies=2 * s.block_matmul_weights if mixed else 0,
         block_input=residual,
-        outside=outside + (2 * s.head_matmul_weights if copies else 0),
+        outside=outside + (2 * s.head_matmul_weights if mixed else 0),
         logits=N * s.vocab_size,
     )
 
 
-def saved_activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool,
-                           bf16_parameters: bool = False) -> int:
+def saved_activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
     """Bytes autograd holds for the backward pass when the forward pass is done: the tensors saved for backward,
     each storage once, parameters left out (tests/test_plan.py measures them). Under activation checkpointing
     (torch.utils.checkpoint, non-reentrant) a block keeps only its input and is recomputed in the backward pass."""
-    act = _activations(shape, batch, mixed, bf16_parameters)
+    act = _activations(shape, batch, mixed)
     per_block = act.block_input if checkpointing else act.block + act.block_weight_copies
     return shape.n_layer * per_block + act.outside
 
 
-def activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool,
-                     bf16_parameters: bool = False) -> int:
+def activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
     """Peak bytes of activations from the end of the forward pass to the start of the backward pass, before any
     gradient exists: the saved tensors and the larger transient of
     - the logits beside log_softmax's output at the end of the forward pass (bf16 logits and their fp32 copy under
       autocast), with, under checkpointing, autocast's bf16 weight copies (cached until the forward pass ends);
     - the gradients of log_softmax's output and input at the start of the backward pass (fp32, two of N x vocab)."""
-    act = _activations(shape, batch, mixed, bf16_parameters)
-    saved = saved_activation_bytes(shape, batch, mixed, checkpointing, bf16_parameters)
+    act = _activations(shape, batch, mixed)
+    saved = saved_activation_bytes(shape, batch, mixed, checkpointing)
     forward_end = (6 if mixed else 4) * act.logits + (shape.n_layer * act.block_weight_copies if checkpointing else 0)
     return saved + max(forward_end, 8 * act.logits)
 
 
-def backward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool,
-                   bf16_parameters: bool = False) -> int:
+def backward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
     """Peak bytes of activations in the backward pass through the blocks, when gradients of parameters exist: the
     saved tensors but log_softmax's output (freed by the loss's backward), the gradients in flight in a block and,
     under checkpointing, everything the block being recomputed saves."""
-    act = _activations(shape, batch, mixed, bf16_parameters)
-    saved = saved_activation_bytes(shape, batch, mixed, checkpointing, bf16_parameters)
+    act = _activations(shape, batch, mixed)
+    saved = saved_activation_bytes(shape, batch, mixed, checkpointing)
     recompute = act.block + act.block_weight_copies if checkpointing else 0
     return saved - 4 * act.logits + act.block_gradients + recompute
 
@@ -209,19 +205,17 @@ class Memory:
 
 def memory_per_gpu(shape: ModelShape, run: Setting) -> Memory:
     """Bytes per GPU of tensors for run.strategy: ddp (everything replicated, plus DDP's buckets: a second copy of
-    the gradients, which it all-reduces), fsdp (weights, gradients and AdamW sharded over run.world GPUs, one
-    transformer block per unit) or single."""
-    P, fsdp = shape.params, run.strategy == "fsdp"
-    bf16_parameters = fsdp and run.mixed  # FSDP gathers parameters in the compute dtype: autocast copies nothing
-    activations = activation_bytes(shape, run.batch, run.mixed, run.checkpointing, bf16_parameters)
-    backward = backward_bytes(shape, run.batch, run.mixed, run.checkpointing, bf16_parameters)
-    if fsdp:
+    the gradients, which it all-reduces), fsdp (FSDP2 as normlab/strategies.py sets it up: weights, gradients and AdamW
+    sharded over run.world GPUs, one transformer block per unit, no mixed-precision policy) or single."""
+    P = shape.params
+    activations = activation_bytes(shape, run.batch, run.mixed, run.checkpointing)
+    backward = backward_bytes(shape, run.batch, run.mixed, run.checkpointing)
+    if run.strategy == "fsdp":
         shard = math.ceil(P / run.world)
-        compute = 2 if run.mixed else 4
         root = P - shape.n_layer * shape.block_params  # embeddings, final norm, LM head: gathered for the whole step
-        # The root's and two blocks' parameters (the running one, the next prefetched), the root's and one block's
-        # unsharded gradients before their reduce-scatter, and the bf16 copy of the local shard.
-        gathered = compute * (2 * root + 3 * shape.block_params + (shard if run.mixed else 0))
+        # In fp32 (autocast copies them to bf16 as under DDP): the root's and two blocks' parameters (the running one,
+        # the next prefetched), the root's and one block's unsharded gradients before their reduce-scatter.
+        gathered = 4 * (2 * root + 3 * shape.block_params)
         return Memory(4 * shard, 4 * shard, 8 * shard, 0, gathered, activations, backward, run.accumulate > 1)
     buckets = 4 * P if run.strategy == "ddp" else 0
     return Memory(4 * P, 4 * P, 8 * P, buckets, 0, activations, backward, run.accumulate > 1)
