@@ -117,6 +117,13 @@ def test_fsdp_shards_block_by_block_and_trains_like_ddp_resuming_exactly(ddp, tm
     assert all(torch.allclose(sharded[k], replicated[k], atol=1e-3) for k in sharded)
     module = build_module(compose_config("train", ["model.n_layer=2"]))
     module.load_state_dict(sharded)
+    measured = subprocess.run([BIN / "normlab-angles", f"model_path={whole / 'checkpoints' / 'last.ckpt'}",
+                               "probe.tokens=4096", f"out={tmp_path / 'angles.csv'}"], capture_output=True, text=True)
+    assert measured.returncode == 0, measured.stderr[-3000:]
+    during_training = [r for r in read_csv(whole / "angles.csv") if r["step"] == STEPS]
+    afterwards = read_csv(tmp_path / "angles.csv")
+    assert len(afterwards) == len(during_training) and all(  # the sharded run's own probe, measured again
+        a["mean_deg"] == pytest.approx(b["mean_deg"], abs=1e-6) for a, b in zip(afterwards, during_training))
 
     command = [str(BIN / "normlab-train"), *RUN, *TWO_PROCESSES, "strategy=fsdp", f"run_dir={broken}"]
     assert interrupted([command], broken) >= 3
