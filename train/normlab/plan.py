@@ -327,7 +327,7 @@ def terms(memory: Memory, unit: str) -> str:
     def n(value: int) -> str:
         return f"{value / (GIB if unit == 'GiB' else MIB):.1f}"
 
-    extra = (f" + DDP buckets {n(memory.buckets)}" if memory.buckets else "") + (
+    extra = (f" + buckets {n(memory.buckets)}" if memory.buckets else "") + (
         f" + gathered {n(memory.gathered)}" if memory.gathered else "")
     activations, backward = f"activations {n(memory.activations)}", f"backward {n(memory.backward)}"
     if memory.accumulating:
@@ -375,14 +375,14 @@ def render(cfg: DictConfig, model) -> str:
     disk = checkpoint_disk(cfg, shape.params)
     kind = "weights" if disk.scheduled_bytes < disk.full_bytes else "full"
     options = [(replicated, False), (replicated, True), ("fsdp", False)]
-    breakdown = [(f"{s}{', act. ckpt' * c}:", memory_per_gpu(shape, replace(run, strategy=s, checkpointing=c)))
+    breakdown = [(f"{s}{', ckpt' * c}:", memory_per_gpu(shape, replace(run, strategy=s, checkpointing=c)))
                  for s, c in options]
     unit = "GiB" if breakdown[0][1].total >= GIB else "MiB"
-    lines.append(f"memory/GPU at micro-batch {run.batch}, in {unit}:")
+    lines.append(f"memory/GPU at micro-batch {run.batch}, in {unit} (buckets: DDP's, gathered: FSDP's; docs/plan.md):")
     lines += [f"  {name:<{max(len(n) for n, _ in breakdown)}}  {terms(memory, unit)}" for name, memory in breakdown]
     lines += [
         f"fits: {1 + FRAGMENTATION:.1f} x memory/GPU (allocator fragmentation) + {RESERVED // GIB} GiB (CUDA "
-        "context, NCCL) <= the GPU's memory (docs/plan.md)",
+        "context, NCCL) <= the GPU's memory",
         f"disk: {disk.scheduled} scheduled checkpoints ({kind}, {disk.scheduled_bytes / 1e9:.2f} GB each) + last.ckpt "
         f"and previous.ckpt ({disk.full_bytes / 1e9:.2f} GB each)",
         f"  = {disk.total / 1e9:.1f} GB per run, {disk.peak / 1e9:.1f} GB while last.ckpt is replaced",
