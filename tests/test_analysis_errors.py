@@ -126,6 +126,8 @@ CASES = {
     "out with a sweep over model_path": (ANGLES, ["-m", "model_path={tmp}/run,{tmp}/hf", "out={tmp}/a.csv"], None,
                                          ["out= names one CSV file, but model_path is swept"]),
     "unknown option": (ANGLES, ["model_path={tmp}/run", "--verbose"], None, ["unrecognized arguments: --verbose"]),
+    "unknown key": (ANGLES, ["model_path={tmp}/run", "tokens=100"], None,
+                    ["Could not override 'tokens'. To append to your config use +tokens=100 (--help shows the config)"]),
     "angles.csv cut mid-row": (REPORT, ["runs={tmp}/run"], (cut_mid_row, "run/angles.csv"),
                                ["{tmp}/run/angles.csv, line ", "is cut short", "rerun the same normlab-train command",
                                 "normlab-angles model_path={tmp}/run out={tmp}/run/angles.csv"]),
@@ -140,6 +142,8 @@ CASES = {
                                      ["config.yaml is not a normlab run config (no model.name, norm.name, seed)"]),
     "report of a missing path": (REPORT, ["runs=[{tmp}/run,{tmp}/nothing]"], None, ["{tmp}/nothing does not exist"]),
     "report without runs": (REPORT, [], None, ["no runs given: runs=DIR or runs=[DIR,...]"]),
+    "runs without brackets": (REPORT, ["runs={tmp}/run,{tmp}/hf"], None,
+                              ["Ambiguous value for argument 'runs=", "To use it as a list, use key=[value1,value2]"]),
 }
 
 

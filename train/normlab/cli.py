@@ -10,10 +10,11 @@ import tempfile
 from pathlib import Path
 
 import hydra
-from hydra._internal.utils import get_args_parser
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.utils import create_config_search_path, get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import OverrideParseException
+from hydra.errors import HydraException, OverrideParseException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -27,19 +28,16 @@ def fail(message: str, code: int = 2):
     sys.exit(code)
 
 
-def check_command_line(args: list[str]) -> None:
-    """Answer in one line, before Hydra composes anything, what Hydra would answer with its usage block or a
-    multi-line parse error: an unknown flag, an argument that is not an override (a bare path); and an unknown option
-    of a config group (model=7m, norm=batchnorm), listing the valid ones."""
-    flags = get_args_parser()
-    flags.error = fail  # argparse would print the usage block first
+def check_command_line(config_name: str, args: list[str]) -> None:
+    """Answer in one line, before Hydra runs, what Hydra would answer with its usage block or a multi-line error: an
+    unknown option of a config group (model=7m, norm=batchnorm; listing the valid ones), an unknown flag, an argument
+    that is not an override (a bare path), a key that the config does not have, a sweep without -m."""
     parser = OverridesParser.create()
-    for arg in flags.parse_args(args).overrides:
+    for arg in args:
         try:
             (override,) = parser.parse_overrides([arg])
-        except OverrideParseException:
-            fail(f"cannot read '{arg}' as a setting: give key=value (--help lists the keys; lists, sweeps and "
-                 "quoting: https://hydra.cc/docs/advanced/override_grammar/basic)")
+        except OverrideParseException:  # flags and their values; an argument that is no override: below
+            continue
         group = CONF_DIR / override.key_or_group
         if override.is_delete() or not group.is_dir() or override.key_or_group.startswith("hydra/"):  # Hydra's own
             continue
@@ -53,6 +51,23 @@ def check_command_line(args: list[str]) -> None:
                     f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} "
                     f"(conf/{override.key_or_group}/)"
                 )
+    flags_parser = get_args_parser()
+    flags_parser.error = fail  # argparse would print the usage block first
+    flags = flags_parser.parse_args(args)
+    for arg in flags.overrides:
+        try:
+            parser.parse_overrides([arg])
+        except OverrideParseException:
+            fail(f"cannot read '{arg}' as a setting: give key=value (--help lists the keys; lists, sweeps and "
+                 "quoting: https://hydra.cc/docs/advanced/override_grammar/basic)")
+    answered_quickly = flags.help or flags.hydra_help or flags.shell_completion  # Hydra reports what fails there
+    if not (answered_quickly or flags.config_name or flags.config_dir or flags.config_path):
+        try:
+            loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+            mode = RunMode.MULTIRUN if flags.multirun else RunMode.RUN
+            loader.load_configuration(config_name, flags.overrides, mode)
+        except HydraException as e:
+            fail(" ".join(line.strip() for line in str(e).splitlines() if line.strip()) + " (--help shows the config)")
 
 
 class WritableOutputDir(Callback):
@@ -134,7 +149,7 @@ def hydra_app(config_name: str, rerun_hint: str | None = None):
                 fail(f"{e}{jobs_not_run(rerun_hint)}", e.exit_code)
 
         def main():
-            check_command_line(sys.argv[1:])
+            check_command_line(config_name, sys.argv[1:])
             run()
 
         main.__doc__ = task.__doc__
