@@ -1,6 +1,7 @@
 """The real thing: the project's sbatch script on a one-node Slurm cluster (slurm/local_cluster.sh, which
 `make test` starts), DDP over 2 tasks on CPU, SIGUSR1 in the middle of the run, requeue and resume (with dropout,
-so that both ranks' random states must be restored)."""
+so that both ranks' random states must be restored); the real time limit, again and again; what a site sets (its
+set-up file, partition and account); Hydra's submitit launcher."""
 
 import csv
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cluster_ready, needs_slurm, state, wait
+from conftest import cluster_ready, needs_slurm, run_cli, state, wait
 from normlab.paths import PROJECT_ROOT
 from normlab.run_dir import verify
 
@@ -34,17 +35,53 @@ RUN = [
 pytestmark = needs_slurm
 
 
-def sbatch(run_dir: Path, log: Path) -> str:
-    env = {**os.environ, "NORMLAB_VENV": sys.prefix}
+# A run of 6 steps, for what needs a finished run rather than a long one (after RUN: the last value wins)
+SHORT = [
+    "trainer.max_steps=6",
+    "trainer.val_check_interval=2",
+    "callbacks.scheduled_checkpoints.every=2",
+    "callbacks.scheduled_checkpoints.dense_until=4",
+    "callbacks.scheduled_checkpoints.sparse_every=6",
+]
+
+
+submitted: list[str] = []  # the jobs of the running test
+
+
+@pytest.fixture(autouse=True)
+def cancel_jobs_left_behind():
+    """A test that fails leaves no job holding the cluster's CPUs: the next tests' jobs would wait for it."""
+    yield
+    for job in submitted:
+        subprocess.run(["scancel", job], capture_output=True)
+    submitted.clear()
+
+
+def sbatch(run_dir: Path | str, log: Path, *overrides: str, options=(), env: dict | None = None) -> str:
+    """Submits slurm/tiny_cpu.sbatch with RUN and `overrides`; `options` go to sbatch, `env` to its environment."""
     result = subprocess.run(
-        ["sbatch", "--parsable", f"--output={log}", "slurm/tiny_cpu.sbatch", f"run_dir={run_dir}", *RUN],
+        ["sbatch", "--parsable", f"--output={log}", *options, "slurm/tiny_cpu.sbatch", f"run_dir={run_dir}", *RUN,
+         *overrides],
         cwd=PROJECT_ROOT,
-        env=env,
+        env={**os.environ, "NORMLAB_VENV": sys.prefix, **(env or {})},
         capture_output=True,
         text=True,
         check=True,
     )
-    return result.stdout.strip().split(";")[0]
+    submitted.append(result.stdout.strip().split(";")[0])
+    return submitted[-1]
+
+
+def job_info(job: str) -> dict[str, str]:
+    """Slurm's record of a job (JobState, ExitCode, Partition, Restarts...), kept MinJobAge (300 s) after its end."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, check=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def start_if_requeued(job: str) -> None:
+    """A requeued job waits about 2 minutes before it may start again: start it now."""
+    if state(job).startswith("PENDING"):
+        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=False)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -71,7 +108,7 @@ def test_usr1_requeues_the_job_which_resumes_and_ends_like_an_uninterrupted_run(
     wait(lambda: len(losses(tmp_path / "cut")) >= 20, 180, "20 training steps")
     subprocess.run(["scancel", "--signal=USR1", job], check=True)  # what --signal=SIGUSR1@90 sends before the limit
     wait(lambda: state(job).startswith("PENDING"), 120, "the job to be requeued")
-    subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], check=True)  # skip the requeue delay
+    start_if_requeued(job)
     wait(lambda: state(job) == "", 300, "the requeued job")
 
     log = (tmp_path / "cut.out").read_text()
@@ -104,3 +141,115 @@ def test_sigterm_saves_and_ends_the_job_which_a_new_submission_resumes(reference
     wait(lambda: state(second) == "", 300, "the second job")
     assert f"from checkpoints/last.ckpt at step {saved.group(1)}" in (tmp_path / "second.out").read_text()
     assert losses(tmp_path / "run") == reference
+
+
+def test_each_time_limit_requeues_the_job_which_resumes_where_it_stopped(prepared, tmp_path):
+    """The real time limit, twice: with --time=2 --signal=USR1@30 Slurm signals the job 60 to 90 s after it starts,
+    and every time the run saves, requeues the job and the next start resumes from the step saved."""
+    run, log = tmp_path / "run", tmp_path / "job.out"
+    job = sbatch(run, log, "trainer.max_steps=100000", options=["--time=2", "--signal=USR1@30"])
+    resume = rf"resuming {run} from checkpoints/last\.ckpt at step (\d+)"
+
+    def resumed_twice() -> bool:
+        start_if_requeued(job)
+        return log.is_file() and len(re.findall(resume, log.read_text())) >= 2
+
+    wait(resumed_twice, 480, "two requeues at the time limit")
+    assert int(job_info(job)["Restarts"]) == 2
+    subprocess.run(["scancel", job], check=True)
+    wait(lambda: state(job) == "", 120, "the job to end")
+
+    text = log.read_text()
+    saved = re.findall(rf"SIGUSR1: saved {run}/checkpoints/last\.ckpt at step (\d+); requeueing job {job}", text)
+    assert saved[:2] == re.findall(resume, text)[:2] and 0 < int(saved[0]) < int(saved[1]), text[-3000:]
+    steps = sorted(losses(run))
+    assert steps == list(range(len(steps))) and len(steps) > int(saved[1])  # no gap, no step twice
+
+
+def test_a_requeued_job_of_a_finished_run_ends_at_once_and_cleanly(prepared, tmp_path):
+    run, log = tmp_path / "run", tmp_path / "job.out"
+    job = sbatch(run, log, *SHORT)
+    wait(lambda: state(job) == "", 300, "the job")
+    finished = losses(run)
+    assert sorted(finished) == list(range(6)), log.read_text()[-3000:]
+    subprocess.run(["scontrol", "requeue", job], check=True)  # as Slurm does after a node failure, say
+
+    def requeued_job_ended() -> bool:
+        start_if_requeued(job)
+        return state(job) == "" and job_info(job)["Restarts"] == "1"
+
+    wait(requeued_job_ended, 240, "the requeued job")
+
+    assert f"{run} is finished (step 6 of 6): nothing to do" in log.read_text()
+    info = job_info(job)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
+    assert losses(run) == finished
+
+
+def test_the_site_file_runs_before_the_training_and_exports_to_every_task(prepared, tmp_path):
+    """NORMLAB_SITE_ENV names a file that slurm/env.sh sources on the node (modules, conda): here it prints a line
+    and exports the run directory, which both tasks then read from their environment."""
+    site = tmp_path / "site.sh"
+    site.write_text(f'echo "site file sourced by job $SLURM_JOB_ID"\nexport NORMLAB_TEST_RUN_DIR={tmp_path}/run\n')
+    log = tmp_path / "job.out"
+    job = sbatch("${oc.env:NORMLAB_TEST_RUN_DIR}", log, *SHORT, env={"NORMLAB_SITE_ENV": str(site)})
+    wait(lambda: state(job) == "", 300, "the job")
+    assert log.read_text().startswith(f"site file sourced by job {job}\n"), log.read_text()[-3000:]
+    assert sorted(losses(tmp_path / "run")) == list(range(6))
+    assert job_info(job)["ExitCode"] == "0:0"
+
+
+def test_a_missing_site_file_fails_the_job_in_one_line_before_anything_runs(tmp_path):
+    log = tmp_path / "job.out"
+    job = sbatch(tmp_path / "run", log, env={"NORMLAB_SITE_ENV": "no/such/site.sh"})
+    wait(lambda: state(job) == "", 120, "the job")
+    assert log.read_text() == (
+        f"slurm/env.sh: no readable file {PROJECT_ROOT.resolve()}/no/such/site.sh (NORMLAB_SITE_ENV): "
+        "fix the path or unset NORMLAB_SITE_ENV\n"
+    )
+    info = job_info(job)
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0")
+    assert not (tmp_path / "run").exists()
+
+
+def test_partition_and_account_come_from_the_environment_and_the_command_line_wins(tmp_path):
+    env = {"SBATCH_PARTITION": "second", "SBATCH_ACCOUNT": "normlab-lab"}  # second: see slurm/local_cluster.sh
+    from_env = sbatch(tmp_path / "a", tmp_path / "a.out", options=["--hold"], env=env)
+    from_args = sbatch(tmp_path / "b", tmp_path / "b.out", options=["--hold", "-p", "debug", "-A", "other"], env=env)
+    try:
+        assert (job_info(from_env)["Partition"], job_info(from_env)["Account"]) == ("second", "normlab-lab")
+        assert (job_info(from_args)["Partition"], job_info(from_args)["Account"]) == ("debug", "other")
+    finally:
+        subprocess.run(["scancel", from_env, from_args], check=True)
+
+
+def test_the_submitit_launcher_sizes_the_job_from_the_config_and_uses_the_site_settings(prepared, tmp_path):
+    """normlab-train -m hydra/launcher=slurm_a6000 for real, on CPUs (no GPUs nor memory per GPU): 2 tasks from
+    trainer.devices, the partition from SBATCH_PARTITION, the site file sourced by env.sh in the job."""
+    site = tmp_path / "site.sh"
+    site.write_text('echo "site file sourced by job $SLURM_JOB_ID"\n')
+    result = run_cli(
+        "normlab-train",
+        "-m",
+        "hydra/launcher=slurm_a6000",
+        "hydra.launcher.gpus_per_node=null",
+        "hydra.launcher.mem_per_gpu=null",
+        "hydra.launcher.cpus_per_task=1",
+        "trainer.accelerator=cpu",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        *RUN,
+        *SHORT,
+        f"paths.output_dir={tmp_path}",
+        env={"NORMLAB_SITE_ENV": str(site), "SBATCH_PARTITION": "second", "NORMLAB_VENV": sys.prefix},
+        cwd=PROJECT_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    [script] = (tmp_path / "default" / ".submitit").glob("*/*_submission.sh")
+    sbatch_lines = set(re.findall(r"^#SBATCH (\S+)$", script.read_text(), flags=re.MULTILINE))
+    assert {"--partition=second", "--ntasks-per-node=2", "--nodes=1", "--time=1440", "--signal=USR2@90"} <= \
+        sbatch_lines
+    job = script.name.split("_")[0]
+    assert (script.parent / f"{job}_0_log.out").read_text().startswith(f"site file sourced by job {job}\n")
+    [run] = (tmp_path / "default").glob("tiny-layernorm-seed0-*")
+    assert sorted(losses(run)) == list(range(6))
