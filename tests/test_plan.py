@@ -2,14 +2,21 @@
 peak memory of real training steps, the disk of a real run's checkpoints; and normlab-describe's plan."""
 
 import re
+import socket
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab import plan, preflight
 from normlab.pipeline import build_model, build_module, train
+from normlab.strategies import shard_by_block
 
 # Layers, width, heads, context, vocabulary, norm and micro-batch vary; with GPT-2's vocabulary the logits dominate.
 SHAPES = {
@@ -100,6 +107,50 @@ def test_memory_per_gpu_bounds_the_peak_of_real_training_steps(shape, accumulate
     assert tightness * predicted <= measured <= predicted
 
 
+@pytest.fixture
+def one_process_group():
+    """A gloo process group of this one process, which DDP and FSDP build on."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointing"])
+def test_memory_per_gpu_bounds_a_ddp_and_an_fsdp_step(one_process_group, strategy, mixed, checkpointing):
+    """DDP (its buckets) and FSDP2 sharded block by block as normlab/strategies.py does (its gathered units), on one
+    process: the plan bounds the peak, exactly for DDP, within 10% for FSDP (whose gradients and gathered blocks it
+    counts at their most)."""
+    overrides, batch = SHAPES["3x128-context32-gpt2-vocab"]
+    module, (x, y) = module_and_batch(overrides, batch, checkpointing)
+    run = plan.Setting(batch, 1, world=1, mixed=mixed, strategy=strategy, checkpointing=checkpointing)
+    predicted = plan.memory_per_gpu(plan.ModelShape.of(module.model), run).total
+    if strategy == "fsdp":
+        shard_by_block(module.model, init_device_mesh("cpu", (1,)))
+        model, optimizer = module.model, module.configure_optimizers()["optimizer"]
+        tracker = FSDPMemTracker(model, optimizer)
+    else:
+        tracker = MemTracker()
+        tracker.track_external(module)
+    with tracker:
+        if strategy == "ddp":  # its buckets are allocated as it wraps the model
+            model, optimizer = DistributedDataParallel(module.model), module.configure_optimizers()["optimizer"]
+        for _ in range(3):
+            with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+                loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())  # LanguageModel.loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            tracker.reset_mod_stats()
+    measured = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    assert (0.999 if strategy == "ddp" else 0.9) * predicted <= measured <= predicted
+
+
 def test_checkpoint_disk_is_what_a_run_writes(prepared, tmp_path):
     cfg = compose_config("train", [*FAST_TRAIN, f"run_dir={tmp_path}/run"])
     train(cfg)
@@ -170,7 +221,7 @@ def test_describe_refuses_an_unknown_gpu_in_one_line(tmp_path):
 
 def test_preflight_runs_every_paper_preset_through_the_real_pipeline_on_cpu(tmp_path):
     out = tmp_path / "bench.md"
-    result = run_cli("normlab-bench", "preflight", "--out", str(out))
+    result = run_cli("normlab-bench", "sections=preflight", f"out={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout and table.startswith("normlab-bench preflight: torch ")

@@ -185,10 +185,10 @@ class Setting:
 @dataclass(frozen=True)
 class Memory:
     weights: int  # fp32 master weights (bf16-mixed keeps them in fp32)
-    gradients: int  # fp32
+    gradients: int  # fp32 (FSDP: the shard, and the unsharded ones before their reduce-scatter)
     optimizer: int  # AdamW's two fp32 moments
     buckets: int  # DDP's gradient buckets
-    gathered: int  # FSDP's gathered parameters and unsharded gradients
+    gathered: int  # FSDP's gathered parameters
     activations: int  # activation_bytes: from the end of the forward pass to the start of the backward pass
     backward: int  # backward_bytes: later in the backward pass, beside the parameters' gradients
     accumulating: bool  # several micro-batches per step: the gradients live through the forward passes
@@ -213,10 +213,12 @@ def memory_per_gpu(shape: ModelShape, run: Setting) -> Memory:
     if run.strategy == "fsdp":
         shard = math.ceil(P / run.world)
         root = P - shape.n_layer * shape.block_params  # embeddings, final norm, LM head: gathered for the whole step
-        # In fp32 (autocast copies them to bf16 as under DDP): the root's and two blocks' parameters (the running one,
-        # the next prefetched), the root's and one block's unsharded gradients before their reduce-scatter.
-        gathered = 4 * (2 * root + 3 * shape.block_params)
-        return Memory(4 * shard, 4 * shard, 8 * shard, 0, gathered, activations, backward, run.accumulate > 1)
+        # Gathered in fp32 (autocast copies them to bf16 as under DDP): the root's parameters and two blocks' (the
+        # running one, the next prefetched). Gradients: the shard, and the root's and one block's unsharded ones
+        # before their reduce-scatter.
+        gathered = 4 * (root + 2 * shape.block_params)
+        gradients = 4 * shard + 4 * (root + shape.block_params)
+        return Memory(4 * shard, gradients, 8 * shard, 0, gathered, activations, backward, run.accumulate > 1)
     buckets = 4 * P if run.strategy == "ddp" else 0
     return Memory(4 * P, 4 * P, 8 * P, buckets, 0, activations, backward, run.accumulate > 1)
 
@@ -347,10 +349,10 @@ def render(cfg: DictConfig, model) -> str:
     steps, T = cfg.trainer.max_steps, shape.block_size
     tokens_per_gpu = run.batch * run.accumulate * T
     replicated = "ddp" if run.strategy == "fsdp" else run.strategy  # single: one device, no DDP wrapper
+    gpus_text = f"{run.world} GPU{'s' * (run.world > 1)} (devices x nodes)"
+    micro_batches = f"{run.accumulate} micro-batch{'es' * (run.accumulate > 1)} per step"
     lines = [
-        f"resource plan: {run.world} GPU{'s' * (run.world > 1)} (devices x nodes), micro-batch {run.batch} x {T} "
-        "tokens, "
-        f"{run.accumulate} micro-batch{'es' * (run.accumulate > 1)} per step "
+        f"resource plan: {gpus_text}, micro-batch {run.batch} x {T} tokens, {micro_batches} "
         f"({run.batch * run.accumulate * run.world} sequences),",
         f"{steps:,} steps, {cfg.trainer.precision}, MFU {mfu:.0%} (plan.mfu); * the config's strategy and "
         "activation_checkpointing",
@@ -378,7 +380,8 @@ def render(cfg: DictConfig, model) -> str:
     breakdown = [(f"{s}{', ckpt' * c}:", memory_per_gpu(shape, replace(run, strategy=s, checkpointing=c)))
                  for s, c in options]
     unit = "GiB" if breakdown[0][1].total >= GIB else "MiB"
-    lines.append(f"memory/GPU at micro-batch {run.batch}, in {unit} (buckets: DDP's, gathered: FSDP's; docs/plan.md):")
+    lines.append(f"memory/GPU at micro-batch {run.batch}, in {unit} (buckets: DDP's, gathered: FSDP's; "
+                 "docs/plan.md):")
     lines += [f"  {name:<{max(len(n) for n, _ in breakdown)}}  {terms(memory, unit)}" for name, memory in breakdown]
     lines += [
         f"fits: {1 + FRAGMENTATION:.1f} x memory/GPU (allocator fragmentation) + {RESERVED // GIB} GiB (CUDA "

@@ -1,5 +1,5 @@
-"""normlab-bench preflight: on a GPU node, before the paper runs are submitted, each paper preset trains a few
-optimizer steps on one GPU through the real pipeline (build_module and build_trainer: the Lightning Trainer,
+"""normlab-bench sections=preflight: on a GPU node, before the paper runs are submitted, each paper preset trains a
+few optimizer steps on one GPU through the real pipeline (build_module and build_trainer: the Lightning Trainer,
 bf16-mixed, compiled blocks, fused AdamW, clipping) at the preset's micro-batch, its global batch cut to the share of
 one GPU (the same micro-batches per GPU and step as in the real run), on random tokens. One line per preset: PASS
 when it ran, its losses and weights stayed finite, its peak memory (torch.cuda.max_memory_allocated over the
@@ -93,7 +93,7 @@ def check(preset: str, device: torch.device) -> tuple[str, str]:
                 windows = random_windows(cfg, (warmup + measured) * run.batch * run.accumulate)
                 trainer.fit(module, train_dataloaders=DataLoader(windows, batch_size=run.batch))
         except Exception as e:  # an out-of-memory error, a compilation failure: this preset fails, the next runs
-            return name, f"FAIL: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            return name, f"FAIL: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
         loss = torch.stack(clock.losses).float()
         finite = bool(torch.isfinite(loss).all()) and all(bool(torch.isfinite(p).all()) for p in module.parameters())
         shape = plan.ModelShape.of(module.model)
@@ -101,10 +101,10 @@ def check(preset: str, device: torch.device) -> tuple[str, str]:
     seconds = (clock.ended - clock.started) / measured
     results, passed = [], finite
     if on_gpu:
-        peak, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-        passed &= peak <= planned
-        results.append(f"peak memory {plan.size(peak)} {'<=' if peak <= planned else '>'} planned "
-                       f"{plan.size(planned)} ({peak / planned:.2f}), reserved {plan.size(reserved)}")
+        allocated, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+        passed &= allocated <= planned
+        results.append(f"peak memory {plan.size(allocated)} {'<=' if allocated <= planned else '>'} planned "
+                       f"{plan.size(planned)} ({allocated / planned:.2f}), reserved {plan.size(reserved)}")
     else:
         results.append(f"memory not measured (planned {plan.size(planned)})")
     if peak := peak_flops(device):
