@@ -3,13 +3,15 @@ ratio in each row, and the framework's model ends with the plain loop's weights.
 
 import re
 
+import pytest
+
 from conftest import run_cli
 
 
 def test_every_section_writes_its_rows(prepared, tmp_path):
     out = tmp_path / "bench.md"
-    result = run_cli("normlab-bench", "--rows", "256", "--repeats", "1", "--steps", "6", "--scale", "1",
-                     "--model", "tiny", "--seq-len", "64", "--out", str(out))
+    result = run_cli("normlab-bench", "rows=256", "repeats=1", "steps=6", "scale=1", "model=tiny", "seq_len=64",
+                     f"out={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout
@@ -26,3 +28,19 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 2
     assert any(k.startswith("angle probe pass / plain forward (tiny") for k in rows)
     assert any(k.startswith("angle probe peak memory") for k in rows)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["sections=[norms,warp]"], "unknown section 'warp' in sections: choose from framework, norms, step, prepare, "
+                                "angles, preflight, e.g. sections=[norms,step]"),
+    (["sections=[]"], "no section in sections: choose from framework"),
+    (["repeats=0"], "repeats=0: give a positive whole number"),
+    (["model=7m"], "unknown model '7m': choose one of 160m, 1b, 410m, 70m, tiny (conf/model/)"),
+    (["--rows", "256"], "unrecognized arguments: --rows"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):
+    result = run_cli("normlab-bench", *args, f"out={tmp_path}/bench.md")
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("normlab-bench: error: ") and message in line
+    assert not list(tmp_path.iterdir())

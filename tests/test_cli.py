@@ -10,7 +10,7 @@ import pytest
 
 from conftest import compose_config, run_cli
 
-COMMANDS = ("normlab-train", "normlab-prepare", "normlab-describe", "normlab-angles", "normlab-report")
+COMMANDS = ("normlab-train", "normlab-prepare", "normlab-describe", "normlab-angles", "normlab-report", "normlab-bench")
 HEAVY = ("torch", "lightning", "datasets", "matplotlib", "transformers", "wandb", "tiktoken")
 
 

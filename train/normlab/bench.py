@@ -1,12 +1,13 @@
-"""normlab-bench: measurements printed as one table, side by side in one run, and written to a file.
+"""normlab-bench sections=[...] (conf/bench.yaml): measurements printed as one table, side by side in one run, and
+written to a file. The sections:
 
-    normlab-bench framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
-    normlab-bench norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
-    normlab-bench step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
-    normlab-bench prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
-    normlab-bench angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
-    normlab-bench preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
-                                 the resource plan (memory, MFU); only when named (normlab/preflight.py)
+    framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
+    norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
+    step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
+    prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
+    angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
+    preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
+                   the resource plan (memory, MFU); only when named (normlab/preflight.py)
 
 Times are medians of repetitions interleaved between the things compared, so that a machine shared with other
 work slows them alike; ratios are what to read.
@@ -362,53 +363,66 @@ def cpu_name() -> str:
     return f"{names[0]}, {len(os.sched_getaffinity(0))} cores" if names else platform.machine()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.splitlines()[0])
-    parser.add_argument("sections", nargs="*", choices=[*SECTIONS, *CHECKS, []], help="default: all but the checks")
-    parser.add_argument("--scale", type=int, default=2, help="copies of the embedded corpus in the 1x prepare corpus")
-    parser.add_argument("--model", default="70m", help="model preset for the angle benchmark")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=4096, help="rows of the norm benchmark's inputs")
-    parser.add_argument("--steps", type=int, default=100, help="training steps of the framework benchmark")
-    parser.add_argument("--probe-memory", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "checkpoints" / "bench" / "bench.md")
-    args = parser.parse_args(argv)
-    if args.probe_memory:
+def main() -> None:
+    """normlab-bench (conf/bench.yaml): the sections of `sections`, as one table printed and written to `out`; exit 1
+    when a check fails. `--probe-memory N --model M --seq-len L` is the subprocess that bench_angles measures."""
+    if sys.argv[1:2] == ["--probe-memory"]:
+        parser = argparse.ArgumentParser(prog="normlab-bench --probe-memory")
+        for flag, kind in (("--probe-memory", int), ("--model", str), ("--seq-len", int)):
+            parser.add_argument(flag, type=kind, required=True)
+        args = parser.parse_args()
         return probe_memory(args.model, args.seq_len, args.probe_memory)
-    import torch
+    from normlab.cli import hydra_app
 
-    from normlab.runtime import keep_freed_memory
+    @hydra_app("bench")
+    def bench(cfg) -> None:
+        from normlab.checks import positive_int
+        from normlab.errors import ConfigError
 
-    keep_freed_memory()  # as normlab-train does
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows, sections = [], args.sections or SECTIONS
-    if "framework" in sections:  # first, in a fresh process, as normlab-train runs
-        rows += bench_framework(args.steps)
-    if "norms" in sections:
-        rows += bench_norms(device, args.rows, 10 * args.repeats)
-    if "step" in sections:
-        rows += bench_step(device, 4 * args.repeats)
-    if "prepare" in sections:
-        rows += bench_prepare(args.scale)
-    if "angles" in sections:
-        rows += bench_angles(args.model, args.seq_len, 4, 3 * args.repeats)
-    if "preflight" in sections:
-        from normlab.preflight import preflight
+        sections = [cfg.sections] if isinstance(cfg.sections, str) else list(cfg.sections)
+        unknown = [name for name in sections if name not in SECTIONS + CHECKS]
+        if unknown or not sections:
+            raise ConfigError(f"{f'unknown section {unknown[0]!r}' if unknown else 'no section'} in sections: choose "
+                              f"from {', '.join(SECTIONS + CHECKS)}, e.g. sections=[norms,step]")
+        for key in ("scale", "seq_len", "repeats", "rows", "steps"):
+            positive_int(key, cfg[key])
+        import torch
+        from hydra.core.global_hydra import GlobalHydra
 
-        rows += preflight(device)
-    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    header = (
-        f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
-        f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n"
-    )
-    table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
-    print(table + f"\nwrote {args.out}")
-    if any(result.startswith("FAIL") for _, result in rows):
-        sys.exit(1)  # a failed check
+        from normlab.runtime import keep_freed_memory
 
+        GlobalHydra.instance().clear()  # the sections compose training configs of their own
+        keep_freed_memory()  # as normlab-train does
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        rows = []
+        if "framework" in sections:  # first, in a fresh process, as normlab-train runs
+            rows += bench_framework(cfg.steps)
+        if "norms" in sections:
+            rows += bench_norms(device, cfg.rows, 10 * cfg.repeats)
+        if "step" in sections:
+            rows += bench_step(device, 4 * cfg.repeats)
+        if "prepare" in sections:
+            rows += bench_prepare(cfg.scale)
+        if "angles" in sections:
+            rows += bench_angles(cfg.model.name, cfg.seq_len, 4, 3 * cfg.repeats)
+        if "preflight" in sections:
+            from normlab.preflight import preflight
+
+            rows += preflight(device)
+        machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+        header = (
+            f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "
+            f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n"
+        )
+        table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
+        out = Path(str(cfg.out))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(table)
+        print(table + f"\nwrote {out}")
+        if any(result.startswith("FAIL") for _, result in rows):
+            sys.exit(1)  # a failed check
+
+    bench()
 
 if __name__ == "__main__":
     main()
