@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab import plan, preflight
+from normlab.errors import ConfigError
 from normlab.pipeline import build_model, build_module, train
 from normlab.strategies import shard_by_block
 
@@ -245,3 +246,21 @@ def test_preflight_fails_a_diverging_preset(monkeypatch):
     name, outcome = preflight.check("paper_70m", torch.device("cpu"))
     assert name.startswith("preflight paper_70m (tiny")
     assert outcome.startswith("FAIL: ") and ", NOT FINITE;" in outcome
+
+
+@pytest.mark.parametrize("override, message", [
+    ("plan.gpus=[]", "plan.gpus is empty: name GPU kinds (a100_40gb, a100_80gb, a6000, h100, h100_pcie, h200) or "
+                     "memory sizes such as 80GB"),
+    ("plan.gpus=[80GB,0GB]", "unknown GPU '0GB' in plan.gpus: choose from a100_40gb, a100_80gb, a6000, h100, "
+                             "h100_pcie, h200, or give a memory size such as 80GB"),
+    ("plan.mfu=2", "plan.mfu=2: give the model FLOPs utilisation as a fraction, e.g. 0.4"),
+    ("trainer.precision=bf16-true", "trainer.precision=bf16-true: the plan covers 32-true, bf16-mixed and 16-mixed"),
+    ("trainer.devices=auto", "trainer.devices=auto, trainer.num_nodes=1: the plan needs whole numbers"),
+])
+def test_the_plan_refuses_what_it_cannot_plan(override, message):
+    cfg = compose_config("describe", [override])
+    with torch.device("meta"):
+        model = build_model(cfg)
+    with pytest.raises(ConfigError) as refused:
+        plan.render(cfg, model)
+    assert str(refused.value) == message

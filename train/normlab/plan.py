@@ -300,8 +300,10 @@ def checkpoint_disk(cfg: DictConfig, params: int) -> Disk:
 
 
 def gpus_of(cfg: DictConfig) -> list[GPU]:
-    specs = cfg.plan.gpus
-    return [gpu(s) for s in (specs if isinstance(specs, (list, ListConfig)) else [specs])]
+    specs = cfg.plan.gpus if isinstance(cfg.plan.gpus, (list, ListConfig)) else [cfg.plan.gpus]
+    if not specs:
+        raise ConfigError(f"plan.gpus is empty: name GPU kinds ({', '.join(GPU_KINDS)}) or memory sizes such as 80GB")
+    return [gpu(s) for s in specs]
 
 
 def mfu_of(cfg: DictConfig) -> float:
