@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from normlab.paths import PROJECT_ROOT
+from normlab.paths import CONF_DIR
 
 SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
 CHECKS = ["preflight"]  # pass/fail checks: run only when named
@@ -103,7 +103,6 @@ def plain_step(module, optimizer, batch, clip: float, device_type: str = "cpu") 
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from normlab.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("train", overrides)
@@ -260,7 +259,7 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
 
     from normlab.prepare import load_documents
 
-    source = OmegaConf.load(PROJECT_ROOT / "conf/data/embedded.yaml").source
+    source = OmegaConf.load(CONF_DIR / "data" / "embedded.yaml").source
     texts = load_documents("embedded", source)["text"]
     docs = [t[i : i + 4000] for t in texts for i in range(0, len(t), 4000)]  # ~4 KB, like a web page
     rows = []

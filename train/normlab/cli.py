@@ -10,8 +10,7 @@ import tempfile
 from pathlib import Path
 
 import hydra
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra._internal.utils import create_config_search_path, get_args_parser
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
@@ -51,23 +50,44 @@ def check_command_line(config_name: str, args: list[str]) -> None:
                     f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} "
                     f"(conf/{override.key_or_group}/)"
                 )
-    flags_parser = get_args_parser()
-    flags_parser.error = fail  # argparse would print the usage block first
-    flags = flags_parser.parse_args(args)
-    for arg in flags.overrides:
+    flags = [arg for arg in args if arg.startswith("-")]
+    if unknown := [flag for flag in flags if flag.split("=")[0] not in HYDRA_FLAGS]:
+        fail(f"unrecognized arguments: {' '.join(unknown)} (--help lists the options)")
+    if set(flags) - {"-m", "--multirun"}:  # help, completion, --cfg, another config...: Hydra answers those itself
+        return
+    overrides = [arg for arg in args if arg not in flags]
+    for arg in overrides:
         try:
             parser.parse_overrides([arg])
         except OverrideParseException:
             fail(f"cannot read '{arg}' as a setting: give key=value (--help lists the keys; lists, sweeps and "
                  "quoting: https://hydra.cc/docs/advanced/override_grammar/basic)")
-    answered_quickly = flags.help or flags.hydra_help or flags.shell_completion  # Hydra reports what fails there
-    if not (answered_quickly or flags.config_name or flags.config_dir or flags.config_path):
-        try:
-            loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
-            mode = RunMode.MULTIRUN if flags.multirun else RunMode.RUN
-            loader.load_configuration(config_name, flags.overrides, mode)
-        except HydraException as e:
-            fail(" ".join(line.strip() for line in str(e).splitlines() if line.strip()) + " (--help shows the config)")
+    if flags:  # a sweep: compose its first job (a sweep's other values are choices checked above, or plain values)
+        overrides = [first_job(override) for override in overrides]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            compose(config_name, overrides=overrides)
+    except HydraException as e:
+        fail(" ".join(line.strip() for line in str(e).splitlines() if line.strip()) + " (--help shows the config)")
+
+
+# Hydra 1.3's command-line options (hydra --help): anything else that starts with '-' is a mistake
+HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package", "-r",
+               "--run", "-m", "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn",
+               "--config-name", "-cd", "--config-dir", "--experimental-rerun", "-i", "--info"}
+
+
+def first_job(arg: str) -> str:
+    """The override as the first job of a -m sweep runs it (a sweep of choices or values: its first value)."""
+    (override,) = OverridesParser.create().parse_overrides([arg])
+    if not override.is_sweep_override():
+        return arg
+    try:
+        first = next(iter(override.sweep_string_iterator()))
+    except (HydraException, StopIteration):  # a range() or interval sweep: leave it to Hydra's sweeper
+        return arg
+    prefix = "+" if override.is_add() else "++" if override.is_force_add() else ""
+    return f"{prefix}{override.key_or_group}={first}"
 
 
 class WritableOutputDir(Callback):
