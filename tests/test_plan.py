@@ -2,22 +2,18 @@
 peak memory of real training steps, the disk of a real run's checkpoints; and normlab-describe's plan."""
 
 import re
-import socket
 
 import pytest
+import lightning as L
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
-from torch.distributed.device_mesh import init_device_mesh
-from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab import plan, preflight
 from normlab.errors import ConfigError
-from normlab.pipeline import build_model, build_module, train
-from normlab.strategies import shard_by_block
+from normlab.pipeline import build_model, build_module, build_trainer, train
 
 # Layers, width, heads, context, vocabulary, norm and micro-batch vary; with GPT-2's vocabulary the logits dominate.
 SHAPES = {
@@ -68,88 +64,61 @@ def test_saved_activations_are_the_bytes_autograd_saves(shape, mixed, checkpoint
     assert predicted == pytest.approx(measured, rel=0.001)
 
 
-def peak_of_training_steps(module, batch, mixed: bool, accumulate: int) -> int:
-    """Peak bytes of tensors over two optimizer steps (forward and backward of each micro-batch in autocast as under
-    bf16-mixed, clipping, fused AdamW, zero_grad), after one step that created AdamW's state."""
-    optimizer = module.configure_optimizers()["optimizer"]
-    tracker = MemTracker()
-    tracker.track_external(module, optimizer)
+class ResetModuleStatistics(L.Callback):
+    """MemTracker's per-module statistics allow one forward pass each: cleared before every micro-batch."""
 
-    def step():
-        for _ in range(accumulate):
-            tracker.reset_mod_stats()  # its per-module statistics allow one forward pass each
-            with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-                loss = module.loss(batch)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
+    def __init__(self, tracker: MemTracker):
+        self.tracker = tracker
 
-    step()
-    with tracker:
-        step()
-        step()
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
-
-
-@pytest.mark.parametrize("shape,accumulate", [("3x128-context32-gpt2-vocab", 1), ("3x128-context32-gpt2-vocab", 2),
-                                              ("tiny-vocab256", 1)])
-@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointing"])
-def test_memory_per_gpu_bounds_the_peak_of_real_training_steps(shape, accumulate, mixed, checkpointing):
-    overrides, batch = SHAPES[shape]
-    module, ids = module_and_batch(overrides, batch, checkpointing)
-    measured = peak_of_training_steps(module, ids, mixed, accumulate)
-    run = plan.Setting(batch, accumulate, world=1, mixed=mixed, strategy="single", checkpointing=checkpointing)
-    predicted = plan.memory_per_gpu(plan.ModelShape.of(module.model), run).total
-    # An upper bound, tight where the logits dominate (the GPT-2 vocabulary); with a small vocabulary the gradients of
-    # the backward pass are bounded by all of them.
-    tightness = 0.999 if "gpt2" in shape else 0.8
-    assert tightness * predicted <= measured <= predicted
+    def on_train_batch_start(self, *args):
+        self.tracker.reset_mod_stats()
 
 
 @pytest.fixture
-def one_process_group():
-    """A gloo process group of this one process, which DDP and FSDP build on."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+def no_process_group_left():
+    """Lightning's DDP and FSDP strategies leave this process's gloo process group behind: destroyed after the test."""
     yield
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-@pytest.mark.parametrize("mixed", [False, True], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointing"])
-def test_memory_per_gpu_bounds_a_ddp_and_an_fsdp_step(one_process_group, strategy, mixed, checkpointing):
-    """DDP (its buckets) and FSDP2 sharded block by block as normlab/strategies.py does (its gathered units), on one
-    process: the plan bounds the peak, exactly for DDP, within 10% for FSDP (whose gradients and gathered blocks it
-    counts at their most)."""
-    overrides, batch = SHAPES["3x128-context32-gpt2-vocab"]
-    module, (x, y) = module_and_batch(overrides, batch, checkpointing)
-    run = plan.Setting(batch, 1, world=1, mixed=mixed, strategy=strategy, checkpointing=checkpointing)
-    predicted = plan.memory_per_gpu(plan.ModelShape.of(module.model), run).total
-    if strategy == "fsdp":
-        shard_by_block(module.model, init_device_mesh("cpu", (1,)))
-        model, optimizer = module.model, module.configure_optimizers()["optimizer"]
-        tracker = FSDPMemTracker(model, optimizer)
-    else:
-        tracker = MemTracker()
-        tracker.track_external(module)
+@pytest.mark.parametrize("shape,strategy,precision,checkpointing,accumulate", [
+    ("3x128-context32-gpt2-vocab", "single", "32-true", False, 1),
+    ("3x128-context32-gpt2-vocab", "single", "bf16-mixed", False, 2),
+    ("3x128-context32-gpt2-vocab", "single", "bf16-mixed", True, 1),
+    ("tiny-vocab256", "single", "32-true", True, 1),
+    ("3x128-context32-gpt2-vocab", "ddp", "bf16-mixed", False, 1),
+    ("3x128-context32-gpt2-vocab", "ddp", "32-true", True, 2),
+    ("3x128-context32-gpt2-vocab", "fsdp", "bf16-mixed", False, 1),
+    ("3x128-context32-gpt2-vocab", "fsdp", "32-true", True, 2),
+])
+def test_memory_per_gpu_bounds_the_peak_of_real_lightning_training(tmp_path, no_process_group_left, shape, strategy,
+                                                                    precision, checkpointing, accumulate):
+    """Three optimizer steps through the real pipeline (build_module, build_trainer: the Lightning Trainer, its
+    precision, clipping, fused AdamW; strategy=ddp and strategy=fsdp in one CPU process over gloo), every tensor
+    tracked by torch.distributed._tools.MemTracker. The plan bounds the peak: tightly where the logits dominate
+    (GPT-2's vocabulary), within 15% for FSDP (whose unsharded gradients and prefetched block it counts at their
+    most) and within 20% with a small vocabulary (the backward bound counts every gradient)."""
+    overrides, batch = SHAPES[shape]
+    cfg = compose_config("train", [
+        *overrides, *([f"strategy={strategy}"] if strategy != "single" else []), f"data.batch_size={batch}",
+        f"global_batch_size={batch * accumulate}", f"activation_checkpointing={checkpointing}",
+        "trainer.accelerator=cpu", f"trainer.precision={precision}", "trainer.max_steps=3",
+        "+trainer.enable_checkpointing=false", "logger=csv", f"run_dir={tmp_path}",
+    ])
+    module, tracker = build_module(cfg), MemTracker()
+    tracker.track_external(module)
+    trainer = build_trainer(cfg, [ResetModuleStatistics(tracker)], accumulate)
+    windows = preflight.random_windows(cfg, 3 * batch * accumulate)
     with tracker:
-        if strategy == "ddp":  # its buckets are allocated as it wraps the model
-            model, optimizer = DistributedDataParallel(module.model), module.configure_optimizers()["optimizer"]
-        for _ in range(3):
-            with torch.autocast("cpu", torch.bfloat16, enabled=mixed):
-                loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())  # LanguageModel.loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad()
-            tracker.reset_mod_stats()
+        trainer.fit(module, train_dataloaders=DataLoader(windows, batch_size=batch))
     measured = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
-    assert (0.999 if strategy == "ddp" else 0.9) * predicted <= measured <= predicted
+    run = plan.setting(cfg)
+    assert (run.strategy, run.checkpointing, run.accumulate) == (strategy, checkpointing, accumulate)
+    predicted = plan.memory_per_gpu(plan.ModelShape.of(module.model), run).total
+    tightness = 0.85 if strategy == "fsdp" else 0.99 if "gpt2" in shape else 0.8
+    # the workspace allowance is for what a GPU's libraries add: left out of the tightness
+    assert tightness * (predicted - plan.WORKSPACE) <= measured <= predicted
 
 
 def test_checkpoint_disk_is_what_a_run_writes(prepared, tmp_path):

@@ -32,6 +32,9 @@ GPU_KINDS = {
 # outside it (0.5-1.5 GiB together).
 FRAGMENTATION = 0.10
 RESERVED = 2 * GIB
+# Tensors the formulas do not itemise: cuBLAS's workspaces (up to 32 MiB per stream on Hopper), the losses and
+# metrics a step keeps.
+WORKSPACE = 64 * MIB
 
 
 @dataclass(frozen=True)
@@ -147,22 +150,26 @@ def saved_activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpoin
     return shape.n_layer * per_block + act.outside
 
 
-def activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
-    """Peak bytes of activations from the end of the forward pass to the start of the backward pass, before any
-    gradient exists: the saved tensors and the larger transient of
-    - the logits beside log_softmax's output at the end of the forward pass (bf16 logits and their fp32 copy under
-      autocast), with, under checkpointing, autocast's bf16 weight copies (cached until the forward pass ends);
-    - the gradients of log_softmax's output and input at the start of the backward pass (fp32, two of N x vocab)."""
+def forward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
+    """Peak bytes of activations at the end of the forward pass: the saved tensors, and the logits beside
+    log_softmax's output (bf16 logits and their fp32 copy under autocast), and under checkpointing and autocast the
+    bf16 copies of every block's matrices, which autocast caches until the forward pass ends."""
     act = _activations(shape, batch, mixed)
-    saved = saved_activation_bytes(shape, batch, mixed, checkpointing)
-    forward_end = (6 if mixed else 4) * act.logits + (shape.n_layer * act.block_weight_copies if checkpointing else 0)
-    return saved + max(forward_end, 8 * act.logits)
+    copies = shape.n_layer * act.block_weight_copies if checkpointing else 0
+    return saved_activation_bytes(shape, batch, mixed, checkpointing) + (6 if mixed else 4) * act.logits + copies
+
+
+def loss_backward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
+    """Peak bytes of activations as the backward pass starts: the saved tensors, and the gradients of log_softmax's
+    output and input (fp32, two of N x vocab)."""
+    act = _activations(shape, batch, mixed)
+    return saved_activation_bytes(shape, batch, mixed, checkpointing) + 8 * act.logits
 
 
 def backward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
-    """Peak bytes of activations in the backward pass through the blocks, when gradients of parameters exist: the
-    saved tensors but log_softmax's output (freed by the loss's backward), the gradients in flight in a block and,
-    under checkpointing, everything the block being recomputed saves."""
+    """Peak bytes of activations later in the backward pass, through the blocks: the saved tensors but log_softmax's
+    output (freed by the loss's backward), the gradients in flight in a block and, under checkpointing, everything
+    the block being recomputed saves."""
     act = _activations(shape, batch, mixed)
     saved = saved_activation_bytes(shape, batch, mixed, checkpointing)
     recompute = act.block + act.block_weight_copies if checkpointing else 0
@@ -189,18 +196,22 @@ class Memory:
     optimizer: int  # AdamW's two fp32 moments
     buckets: int  # DDP's gradient buckets
     gathered: int  # FSDP's gathered parameters
-    activations: int  # activation_bytes: from the end of the forward pass to the start of the backward pass
-    backward: int  # backward_bytes: later in the backward pass, beside the parameters' gradients
-    accumulating: bool  # several micro-batches per step: the gradients live through the forward passes
+    forward: int  # activations at the end of the forward pass (forward_bytes)
+    loss_backward: int  # activations as the backward pass starts (loss_backward_bytes)
+    backward: int  # activations later in the backward pass (backward_bytes)
+    accumulating: bool  # several micro-batches per step
+    workspace: int = WORKSPACE
 
     @property
     def total(self) -> int:
-        static = self.weights + self.optimizer + self.buckets + self.gathered
-        if self.accumulating:
-            return static + self.gradients + max(self.activations, self.backward)
-        # One micro-batch per step: the gradients are freed at the optimizer step (zero_grad sets them to None) and
-        # appear in the backward pass, after the loss's large transients.
-        return static + max(self.activations, self.gradients + self.backward)
+        """The largest of three moments of a step. Lightning frees the gradients (zero_grad, to None) after the
+        forward pass of a step's first micro-batch and before its backward pass: the last step's gradients are
+        alive through that forward pass, the backward pass starts without them (unless earlier micro-batches of
+        the step made them), and they come back as the backward pass goes on."""
+        static = self.weights + self.optimizer + self.buckets + self.gathered + self.workspace
+        gradients = self.gradients
+        return static + max(gradients + self.forward, self.loss_backward + gradients * self.accumulating,
+                            gradients + self.backward)
 
 
 def memory_per_gpu(shape: ModelShape, run: Setting) -> Memory:
@@ -208,8 +219,8 @@ def memory_per_gpu(shape: ModelShape, run: Setting) -> Memory:
     the gradients, which it all-reduces), fsdp (FSDP2 as normlab/strategies.py sets it up: weights, gradients and AdamW
     sharded over run.world GPUs, one transformer block per unit, no mixed-precision policy) or single."""
     P = shape.params
-    activations = activation_bytes(shape, run.batch, run.mixed, run.checkpointing)
-    backward = backward_bytes(shape, run.batch, run.mixed, run.checkpointing)
+    activations = [f(shape, run.batch, run.mixed, run.checkpointing)
+                   for f in (forward_bytes, loss_backward_bytes, backward_bytes)]
     if run.strategy == "fsdp":
         shard = math.ceil(P / run.world)
         root = P - shape.n_layer * shape.block_params  # embeddings, final norm, LM head: gathered for the whole step
@@ -218,9 +229,9 @@ def memory_per_gpu(shape: ModelShape, run: Setting) -> Memory:
         # before their reduce-scatter.
         gathered = 4 * (root + 2 * shape.block_params)
         gradients = 4 * shard + 4 * (root + shape.block_params)
-        return Memory(4 * shard, gradients, 8 * shard, 0, gathered, activations, backward, run.accumulate > 1)
+        return Memory(4 * shard, gradients, 8 * shard, 0, gathered, *activations, run.accumulate > 1)
     buckets = 4 * P if run.strategy == "ddp" else 0
-    return Memory(4 * P, 4 * P, 8 * P, buckets, 0, activations, backward, run.accumulate > 1)
+    return Memory(4 * P, 4 * P, 8 * P, buckets, 0, *activations, run.accumulate > 1)
 
 
 def fits(total: int, gpu: GPU) -> bool:
@@ -325,20 +336,10 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:,.1f} h"
 
 
-def terms(memory: Memory, unit: str) -> str:
-    """memory.total as the sum it is, in `unit` (GiB or MiB)."""
-
-    def n(value: int) -> str:
-        return f"{value / (GIB if unit == 'GiB' else MIB):.1f}"
-
-    extra = (f" + buckets {n(memory.buckets)}" if memory.buckets else "") + (
-        f" + gathered {n(memory.gathered)}" if memory.gathered else "")
-    activations, backward = f"activations {n(memory.activations)}", f"backward {n(memory.backward)}"
-    if memory.accumulating:
-        dynamic = f"gradients {n(memory.gradients)} + max({activations}, {backward})"
-    else:
-        dynamic = f"max({activations}, gradients {n(memory.gradients)} + {backward})"
-    return f"weights {n(memory.weights)} + AdamW {n(memory.optimizer)}{extra} + {dynamic} = {n(memory.total)}"
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as lines of left-aligned columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(f"{cell:<{width}}" for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
 def count(x: float) -> str:
@@ -359,32 +360,38 @@ def render(cfg: DictConfig, model) -> str:
         f"{steps:,} steps, {cfg.trainer.precision}, MFU {mfu:.0%} (plan.mfu); * the config's strategy and "
         "activation_checkpointing",
     ]
-    header = ("gpu", "strategy", "act. ckpt", "memory/GPU", "fits", "max micro-batch", "step", "wall", "GPU-hours")
-    table = [header]
+    options = [replace(run, strategy=strategy, checkpointing=checkpointing)
+               for strategy in (replicated, "fsdp") for checkpointing in (False, True)]
+    table = [["gpu", "strategy", "act. ckpt", "memory/GPU", "fits", "max micro-batch", "step", "wall", "GPU-hours"]]
     for g in gpus:
-        for strategy in (replicated, "fsdp"):
-            for checkpointing in (False, True):
-                option = replace(run, strategy=strategy, checkpointing=checkpointing)
-                memory = memory_per_gpu(shape, option).total
-                row = [g.name, strategy + " *" * (option == run), "yes" if checkpointing else "no", size(memory),
-                       "yes" if fits(memory, g) else "NO", str(max_micro_batch(shape, g, option))]
-                if g.peak_flops:
-                    step = step_seconds(shape, tokens_per_gpu, g.peak_flops, mfu, checkpointing)
-                    row += [duration(step), duration(step * steps), count(step * steps * run.world / 3600)]
-                else:
-                    row += ["-", "-", "-"]  # a GPU given by its memory size: its peak is not known
-                table.append(row)
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines += ["  ".join(f"{c:<{w}}" for c, w in zip(r, widths)).rstrip() for r in table]
+        for option in options:
+            memory = memory_per_gpu(shape, option).total
+            row = [g.name, option.strategy + " *" * (option == run), "yes" if option.checkpointing else "no",
+                   size(memory), "yes" if fits(memory, g) else "NO", str(max_micro_batch(shape, g, option))]
+            if g.peak_flops:
+                step = step_seconds(shape, tokens_per_gpu, g.peak_flops, mfu, option.checkpointing)
+                row += [duration(step), duration(step * steps), count(step * steps * run.world / 3600)]
+            else:
+                row += ["-", "-", "-"]  # a GPU given by its memory size: its peak is not known
+            table.append(row)
+    lines += aligned(table)
+    memories = [memory_per_gpu(shape, option) for option in options]
+    unit, scale = ("GiB", GIB) if memories[0].total >= GIB else ("MiB", MIB)
+    lines += [
+        f"memory/GPU at micro-batch {run.batch}, in {unit}: weights + AdamW + DDP buckets or FSDP gathered + "
+        "workspace + the largest",
+        "of gradients + forward, loss (+ gradients when accumulating), gradients + backward (docs/plan.md):",
+    ]
+    breakdown = [["", "act. ckpt", "weights", "AdamW", "buckets", "gathered", "workspace", "gradients", "forward",
+                  "loss", "backward", "memory/GPU"]]
+    for option, m in zip(options, memories):
+        values = [m.weights, m.optimizer, m.buckets, m.gathered, m.workspace, m.gradients, m.forward, m.loss_backward,
+                  m.backward, m.total]
+        breakdown.append([f"  {option.strategy}", "yes" if option.checkpointing else "no",
+                          *(f"{value / scale:.1f}" for value in values)])
+    lines += aligned(breakdown)
     disk = checkpoint_disk(cfg, shape.params)
     kind = "weights" if disk.scheduled_bytes < disk.full_bytes else "full"
-    options = [(replicated, False), (replicated, True), ("fsdp", False)]
-    breakdown = [(f"{s}{', ckpt' * c}:", memory_per_gpu(shape, replace(run, strategy=s, checkpointing=c)))
-                 for s, c in options]
-    unit = "GiB" if breakdown[0][1].total >= GIB else "MiB"
-    lines.append(f"memory/GPU at micro-batch {run.batch}, in {unit} (buckets: DDP's, gathered: FSDP's; "
-                 "docs/plan.md):")
-    lines += [f"  {name:<{max(len(n) for n, _ in breakdown)}}  {terms(memory, unit)}" for name, memory in breakdown]
     lines += [
         f"fits: {1 + FRAGMENTATION:.1f} x memory/GPU (allocator fragmentation) + {RESERVED // GIB} GiB (CUDA "
         "context, NCCL) <= the GPU's memory",
