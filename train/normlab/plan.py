@@ -101,7 +101,8 @@ class ModelShape:
         return self.n_layer * (2 * self.block_matmul_weights + 4 * self.block_size * self.n_embd)
 
 
-# -- activations, for `batch` sequences of block_size tokens in eager PyTorch (compiled blocks save no more)
+# -- activations, for `batch` sequences of block_size tokens in eager PyTorch (compiled blocks, runtime.compile, are
+# taken to save no more: Inductor's partitioner saves at most what eager autograd would)
 
 
 @dataclass(frozen=True)
@@ -209,9 +210,8 @@ class Memory:
         alive through that forward pass, the backward pass starts without them (unless earlier micro-batches of
         the step made them), and they come back as the backward pass goes on."""
         static = self.weights + self.optimizer + self.buckets + self.gathered + self.workspace
-        gradients = self.gradients
-        return static + max(gradients + self.forward, self.loss_backward + gradients * self.accumulating,
-                            gradients + self.backward)
+        loss_backward = self.loss_backward + (self.gradients if self.accumulating else 0)
+        return static + max(self.gradients + self.forward, loss_backward, self.gradients + self.backward)
 
 
 def memory_per_gpu(shape: ModelShape, run: Setting) -> Memory:
