@@ -202,7 +202,7 @@ def test_the_site_file_runs_before_the_training_and_exports_to_every_task(prepar
 def test_a_missing_site_file_fails_the_job_in_one_line_before_anything_runs(tmp_path):
     log = tmp_path / "job.out"
     job = sbatch(tmp_path / "run", log, env={"NORMLAB_SITE_ENV": "no/such/site.sh"})
-    wait(lambda: state(job) == "", 120, "the job")
+    wait(lambda: state(job) == "", 300, "the job")
     assert log.read_text() == (
         f"slurm/env.sh: no readable file {PROJECT_ROOT.resolve()}/no/such/site.sh (NORMLAB_SITE_ENV): "
         "fix the path or unset NORMLAB_SITE_ENV\n"
