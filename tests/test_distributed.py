@@ -203,3 +203,11 @@ def test_two_nodes_split_the_global_batch_and_resume_like_one_process(prepared, 
     assert_same_angles(two, one, tolerance=1e-3)
     with open(two / "config.yaml") as f:
         assert "num_nodes: 2" in f.read()
+
+    # Started again (a requeued job of a finished run): rank 0 sees it finished and exits at once; rank 1, which
+    # may look only after that, must read the same and not wait for a claim that never comes.
+    again = [subprocess.Popen(torchrun(rank, port + 1, *nodes, f"run_dir={two}"), env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    outputs = [p.communicate(timeout=120)[0] for p in again]  # RANK_WAIT_SECONDS would be 600
+    assert [p.returncode for p in again] == [0, 0], outputs
+    assert f"{two} is finished (step {STEPS} of {STEPS}): nothing to do" in outputs[0]

@@ -28,6 +28,22 @@ def test_a_held_claim_refuses_a_second_holder_and_is_gone_once_released(tmp_path
     second.release()
 
 
+def test_rank_0_of_a_finished_run_leaves_its_choice_for_the_other_ranks_of_its_launch(tmp_path, capsys):
+    """Rank 0 finds the run finished and exits at once; a rank that looks only afterwards must still read the choice
+    (not wait RANK_WAIT_SECONDS for a claim that will never come), and the next start takes the claim silently."""
+    rank_0 = Claim(tmp_path / ".claim")
+    rank_0.acquire()
+    rank_0.update({**this_process(), "resume": {"path": "checkpoints/last.ckpt", "step": 6}})
+    rank_0.release(for_other_ranks=True)
+    late_rank = Claim(tmp_path / ".claim").join(timeout=1)  # this process stands in for a rank of the same launch
+    assert late_rank["resume"] == {"path": "checkpoints/last.ckpt", "step": 6} and late_rank["released"]
+    next_start = Claim(tmp_path / ".claim")
+    next_start.acquire()
+    assert "taking over" not in capsys.readouterr().err  # a released record is no claim
+    next_start.release()
+    assert not (tmp_path / ".claim").exists()
+
+
 def test_the_claim_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, capsys):
     dead = subprocess.Popen(["true"])
     dead.wait()

@@ -371,7 +371,7 @@ class Claim:
                 os.close(fd)
                 continue
             holder = self.read()
-            if holder:
+            if holder and not holder.get("released"):
                 if (reason := stale(holder, me)) is None:
                     os.close(fd)
                     raise RunDirError(
@@ -389,9 +389,14 @@ class Claim:
         os.pwrite(self.fd, data, 0)
         os.fsync(self.fd)
 
-    def release(self) -> None:
+    def release(self, for_other_ranks: bool = False) -> None:
+        """Unlock and delete the claim; with for_other_ranks, keep its record (marked released) for the ranks of this
+        launch that may not have read it yet: rank 0 of a finished run exits at once, before they look."""
         if self.fd is not None:
-            self.path.unlink(missing_ok=True)
+            if for_other_ranks:
+                self.update({**self.read(), "released": True})
+            else:
+                self.path.unlink(missing_ok=True)
             os.close(self.fd)
             self.fd = None
 
@@ -515,7 +520,9 @@ class RunDirectory(Checkpoint):
                 self.resume_step = chosen["step"]
             yield self
         finally:
-            self.claim.release()
+            devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 2  # "auto": maybe several
+            several_ranks = devices * cfg.trainer.num_nodes > 1
+            self.claim.release(for_other_ranks=several_ranks and self.resume_step >= self.max_steps)
             if not existed and self.path.is_dir() and not any(self.path.iterdir()):
                 self.path.rmdir()
 
