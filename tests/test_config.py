@@ -8,7 +8,7 @@ import torch
 from hydra.core.plugins import Plugins
 
 from conftest import compose_config, run_cli
-from normlab.callbacks.progress import PEAK_BF16_FLOPS
+from normlab.plan import PEAK_BF16_FLOPS
 from normlab.paths import PROJECT_ROOT
 from normlab.pipeline import build_model
 

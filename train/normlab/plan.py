@@ -18,6 +18,9 @@ from normlab.errors import ConfigError
 from normlab.norms import RMSNorm
 
 MIB, GIB = 2**20, 2**30
+# Dense bf16 tensor-core peak FLOP/s per GPU, from the vendors' data sheets (train/mfu and the plan's step time); the
+# first name found in the device's name wins (H100 PCIe before H100, which is taken as SXM).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "A6000": 154.8e12}
 # Memory of each GPU kind (nvidia-smi's total, MiB) and the name its peak has in PEAK_BF16_FLOPS.
 GPU_KINDS = {
     "a100_40gb": ("A100 40GB", 40960, "A100"),
@@ -46,8 +49,6 @@ class GPU:
 
 def gpu(spec: str) -> GPU:
     """A GPU kind of GPU_KINDS, or a memory size such as 80GB (GiB, as GPU memory sizes are meant; no peak FLOP/s)."""
-    from normlab.callbacks.progress import PEAK_BF16_FLOPS  # a Lightning module: imported when a plan is made
-
     spec = str(spec)
     if spec.lower() in GPU_KINDS:
         name, mib, peak_name = GPU_KINDS[spec.lower()]

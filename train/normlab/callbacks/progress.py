@@ -7,10 +7,9 @@ import time
 import lightning as L
 import torch
 
+from normlab.plan import PEAK_BF16_FLOPS
 
-# Dense bf16 tensor-core peak FLOP/s per GPU, from the vendors' data sheets; the first name found in the
-# device's name wins (H100 PCIe before H100, which is taken as SXM).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12, "A6000": 154.8e12}
+
 
 
 def peak_flops(device: torch.device) -> float | None:
