@@ -1,6 +1,7 @@
 """The resource plan (normlab/plan.py) against what really happens on CPU: the bytes autograd saves for backward, the
 peak memory of real training steps, the disk of a real run's checkpoints; and normlab-describe's plan."""
 
+import os
 import re
 
 import pytest
@@ -76,10 +77,15 @@ class ResetModuleStatistics(L.Callback):
 
 @pytest.fixture
 def no_process_group_left():
-    """Lightning's DDP and FSDP strategies leave this process's gloo process group behind: destroyed after the test."""
+    """Lightning's DDP and FSDP strategies leave this process's gloo process group behind, and their MASTER_PORT,
+    MASTER_ADDR, ... in os.environ, which every later subprocess (and Slurm job) of the suite would inherit and find
+    taken: both undone after the test."""
+    environment = dict(os.environ)
     yield
     if dist.is_initialized():
         dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 @pytest.mark.parametrize("shape,strategy,precision,checkpointing,accumulate", [

@@ -144,10 +144,11 @@ def test_sigterm_saves_and_ends_the_job_which_a_new_submission_resumes(reference
 
 
 def test_each_time_limit_requeues_the_job_which_resumes_where_it_stopped(prepared, tmp_path):
-    """The real time limit, twice: with --time=2 --signal=USR1@30 Slurm signals the job 60 to 90 s after it starts,
-    and every time the run saves, requeues the job and the next start resumes from the step saved."""
+    """The real time limit, twice: with --time=1 --signal=USR1@30 Slurm signals the job about 30 s after it starts
+    (its timer ticks every 30 s or so), and every time the run saves, requeues the job and the next start resumes
+    from the step saved."""
     run, log = tmp_path / "run", tmp_path / "job.out"
-    job = sbatch(run, log, "trainer.max_steps=100000", options=["--time=2", "--signal=USR1@30"])
+    job = sbatch(run, log, "trainer.max_steps=100000", options=["--time=1", "--signal=USR1@30"])
     resume = rf"resuming {run} from checkpoints/last\.ckpt at step (\d+)"
 
     def resumed_twice() -> bool:
