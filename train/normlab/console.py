@@ -19,6 +19,9 @@ class DropNoise(logging.Filter):
         return not any(text in record.getMessage() for text in NOISE)
 
 
+DROP_NOISE = DropNoise()
+
+
 def quiet_libraries() -> None:
     """Call once Lightning is imported (it adds its own console handler when imported)."""
     root, lightning_logger = logging.getLogger(), logging.getLogger("lightning")
@@ -26,6 +29,6 @@ def quiet_libraries() -> None:
         for handler in list(lightning_logger.handlers):
             lightning_logger.removeHandler(handler)
     for handler in [*root.handlers, *lightning_logger.handlers]:
-        handler.addFilter(DropNoise())
+        handler.addFilter(DROP_NOISE)  # one instance: each job of a sweep calls this again, adding nothing
     for text in NOISE:
         warnings.filterwarnings("ignore", message=f".*{re.escape(text)}")
