@@ -36,6 +36,24 @@ def test_help_and_completion_offer_every_option_that_composes_and_nothing_else()
     assert not {"data_module", "paper_experiment"} & {w.rstrip("=/") for w in completion("normlab-train", "")}
 
 
+@pytest.mark.parametrize("command, groups", [
+    ("normlab-angles", {"paths", "probe"}), ("normlab-report", set()), ("normlab-bench", {"model", "paths"}),
+    ("normlab-prepare", {"data", "paths"}),
+])
+def test_help_and_completion_offer_only_the_groups_that_the_command_composes(command, groups):
+    helped = run_cli(command, "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert set(re.findall(r"^(\w+): ", helped.stdout.split("== Config ==")[0], re.M)) == groups
+    assert ("== Configuration groups ==" in helped.stdout) == bool(groups)
+    every_group = {"callbacks", "data", "experiment", "logger", "model", "norm", "optimizer", "paths", "probe",
+                   "strategy", "trainer"}
+    words = completion(command, "")
+    assert {g for g in every_group if f"{g}=" in words} == groups
+    assert "hydra" in words and ("paths." in words) == ("paths" in groups)  # the keys of a group only with it
+    if command == "normlab-angles":
+        assert "model_path=" in words and completion(command, "mo") == ["model_path="]
+
+
 def test_shared_parts_are_included_where_they_belong():
     paper = compose_config("train", ["experiment=paper_70m"])
     assert paper.data.name == "openwebtext" and paper.probe.split == "probe" and paper.global_batch_size == 64

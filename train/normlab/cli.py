@@ -3,8 +3,11 @@ over conf/ (the work is in normlab.pipeline, normlab.prepare, normlab.plan, norm
 normlab-bench's is normlab.bench.main). Nothing heavy is imported before Hydra has parsed the command line, so that a
 bad command line, --help and shell completion are answered at once."""
 
+import contextlib
 import errno
+import io
 import itertools
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -75,6 +78,26 @@ def check_command_line(config_name: str, args: list[str]) -> None:
 HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "--resolve", "-p", "--package", "-r",
                "--run", "-m", "--multirun", "-sc", "--shell-completion", "-cp", "--config-path", "-cn",
                "--config-name", "-cd", "--config-dir", "--experimental-rerun", "-i", "--info"}
+
+
+HELP_AND_COMPLETION_FLAGS = {"-h", "--help", "-sc", "--shell-completion"}
+
+
+def without_foreign_groups(answer: str, config_name: str) -> str:
+    """Hydra's --help and shell completion offer every group folder of conf/; keep only the groups that this command
+    composes (normlab-angles: probe and paths, not model or data): help lines `group: options`, completion words
+    `group=...`, `group.` and `group/...`."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        choices = compose(config_name, return_hydra_config=True).hydra.runtime.choices
+    groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "__pycache__")}
+    foreign = groups - set(choices)
+    if not foreign:
+        return answer
+    if "== Configuration groups ==" in answer:  # --help
+        head, groups, tail = re.split(r"(?s)(== Configuration groups ==.*?)(?=== Config ==)", answer, maxsplit=1)
+        own = [line for line in groups.splitlines(keepends=True) if line.split(": ")[0] not in foreign]
+        return head + ("".join(own) if any(re.match(r"\w+: ", line) for line in own) else "") + tail
+    return re.sub(r"[ \t]*(?<!\S)(" + "|".join(sorted(foreign)) + r")[=./]\S*", "", answer).lstrip(" ")
 
 
 def first_job(arg: str) -> str:
@@ -170,7 +193,14 @@ def hydra_app(config_name: str, rerun_hint: str | None = None):
 
         def main():
             check_command_line(config_name, sys.argv[1:])
-            run()
+            if not set(sys.argv[1:]) & HELP_AND_COMPLETION_FLAGS:
+                return run()
+            answer = io.StringIO()
+            try:
+                with contextlib.redirect_stdout(answer):
+                    run()
+            finally:
+                print(without_foreign_groups(answer.getvalue(), config_name), end="")
 
         main.__doc__ = task.__doc__
         return main
