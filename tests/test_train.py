@@ -232,6 +232,40 @@ def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path)
     assert log.count("`Trainer.fit` stopped") == 1  # once, not once per console
 
 
+def test_a_terminal_shows_a_bar_titled_by_training_steps(prepared, tmp_path):
+    """On a terminal, Lightning's bar instead of the progress lines, counting the run's steps; not "Epoch 0/-2"."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    from conftest import BIN
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # a terminal 160 columns wide
+    process = subprocess.Popen([str(BIN / "normlab-train"), f"run_dir={tmp_path}", *FAST_TRAIN],
+                               stdout=follower, stderr=follower, env={**os.environ, "WANDB_MODE": "offline"})
+    os.close(follower)
+    shown = b""
+    while chunk := _read_or_end(leader):
+        shown += chunk
+    assert process.wait(timeout=300) == 0, shown.decode()[-3000:]
+    screen = shown.decode(errors="replace").replace("\r", "\n")
+    assert re.search(r"^Training: 100%.*\| 6/6 ", screen, re.M), screen[-3000:]
+    assert "Epoch 0/" not in screen and "step 6/6 (100%)" not in screen  # no epoch count, no progress lines
+
+
+def _read_or_end(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # the pty's other end closed: the process ended
+        return b""
+
+
 def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path):
     result = run_cli("normlab-report", f"runs={sweep}", f"out={tmp_path}")
     assert result.returncode == 0, result.stderr

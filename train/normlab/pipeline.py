@@ -77,6 +77,7 @@ def build_module(cfg: DictConfig):
 def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+    from normlab.callbacks.progress import TrainingBar
     from normlab.run_dir import RunDirectory
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
@@ -88,7 +89,8 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
         *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
     ]
     # The bar on a terminal; in a job's log, TokenThroughput's progress lines instead
-    shown = {} if "enable_progress_bar" in cfg.trainer else {"enable_progress_bar": sys.stdout.isatty()}
+    if bar := cfg.trainer.get("enable_progress_bar", sys.stdout.isatty()):
+        callbacks = [*callbacks, TrainingBar()]
     precision = cfg.trainer.precision
     if precision == "bf16-mixed":  # Lightning's own would refuse to clip the gradients of the fused AdamW
         import torch
@@ -105,7 +107,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
         accumulate_grad_batches=accumulate,
         plugins=plugins,
         precision=precision,
-        **shown,
+        enable_progress_bar=bar,
         val_check_interval=cfg.trainer.val_check_interval * accumulate,
     )  # Lightning counts micro-batches
 

@@ -1,4 +1,5 @@
-"""Progress of a training run: token throughput and MFU at every step, and a progress line in the job's log."""
+"""Progress of a training run: token throughput and MFU at every step, a progress line in the job's log, and the bar
+on a terminal."""
 
 import datetime
 import sys
@@ -6,10 +7,18 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 from normlab.plan import PEAK_BF16_FLOPS
 
 
+class TrainingBar(TQDMProgressBar):
+    """Lightning's bar on a terminal, titled "Training": a run is counted in steps (max_epochs=-1), which Lightning's
+    default Rich bar titles "Epoch 0/-2"."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        self.train_progress_bar.set_description("Training")
 
 
 def peak_flops(device: torch.device) -> float | None:
