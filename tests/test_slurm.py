@@ -224,13 +224,15 @@ def test_partition_and_account_come_from_the_environment_and_the_command_line_wi
         subprocess.run(["scancel", from_env, from_args], check=True)
 
 
-def test_the_submitit_launcher_sizes_the_job_from_the_config_and_uses_the_site_settings(prepared, tmp_path):
+def test_the_submitit_launcher_sizes_the_job_and_its_time_out_saves_before_submitit_requeues(reference, tmp_path):
     """normlab-train -m hydra/launcher=slurm_a6000 for real, on CPUs (no GPUs nor memory per GPU): 2 tasks from
-    trainer.devices, the partition from SBATCH_PARTITION, the site file sourced by env.sh in the job."""
+    trainer.devices, the partition from SBATCH_PARTITION, the site file sourced by env.sh in the job. Then the
+    signal submitit asks Slurm to send before the time limit (USR2): the run finishes its step and saves, and only
+    then submitit requeues the job, which resumes from that step and ends like an uninterrupted run."""
     site = tmp_path / "site.sh"
     site.write_text('echo "site file sourced by job $SLURM_JOB_ID"\n')
-    result = run_cli(
-        "normlab-train",
+    command = [
+        str(Path(sys.executable).parent / "normlab-train"),
         "-m",
         "hydra/launcher=slurm_a6000",
         "hydra.launcher.gpus_per_node=null",
@@ -240,17 +242,33 @@ def test_the_submitit_launcher_sizes_the_job_from_the_config_and_uses_the_site_s
         "trainer.strategy=ddp",
         "trainer.devices=2",
         *RUN,
-        *SHORT,
         f"paths.output_dir={tmp_path}",
-        env={"NORMLAB_SITE_ENV": str(site), "SBATCH_PARTITION": "second", "NORMLAB_VENV": sys.prefix},
-        cwd=PROJECT_ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    [script] = (tmp_path / "default" / ".submitit").glob("*/*_submission.sh")
+    ]
+    env = {**os.environ, "WANDB_MODE": "offline", "NORMLAB_SITE_ENV": str(site), "SBATCH_PARTITION": "second",
+           "NORMLAB_VENV": sys.prefix}
+    sweep = subprocess.Popen(command, cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        wait(lambda: list((tmp_path / "default").glob("tiny-layernorm-seed0-*/metrics.csv")), 180, "the job to start")
+        [script] = (tmp_path / "default" / ".submitit").glob("*/*_submission.sh")
+        job = script.name.split("_")[0]
+        submitted.append(job)
+        [run] = (tmp_path / "default").glob("tiny-layernorm-seed0-*")
+        wait(lambda: len(losses(run)) >= 20, 180, "20 training steps")
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)  # what --signal=USR2@90 sends before the limit
+        wait(lambda: state(job).startswith("PENDING"), 120, "the job to be requeued")
+        start_if_requeued(job)
+        out, _ = sweep.communicate(timeout=400)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, out[-3000:]
+
     sbatch_lines = set(re.findall(r"^#SBATCH (\S+)$", script.read_text(), flags=re.MULTILINE))
     assert {"--partition=second", "--ntasks-per-node=2", "--nodes=1", "--time=1440", "--signal=USR2@90"} <= \
         sbatch_lines
-    job = script.name.split("_")[0]
-    assert (script.parent / f"{job}_0_log.out").read_text().startswith(f"site file sourced by job {job}\n")
-    [run] = (tmp_path / "default").glob("tiny-layernorm-seed0-*")
-    assert sorted(losses(run)) == list(range(6))
+    log = (script.parent / f"{job}_0_log.out").read_text() + (script.parent / f"{job}_0_log.err").read_text()
+    assert log.startswith(f"site file sourced by job {job}\n")
+    saved = re.search(r"SIGUSR2: saved \S+/checkpoints/last.ckpt at step (\d+); submitit requeues the job", log)
+    assert saved and f"resuming {run} from checkpoints/last.ckpt at step {saved.group(1)}" in log, log[-3000:]
+    assert int(job_info(job)["Restarts"]) == 1
+    assert losses(run) == reference  # no gap, no step twice, every loss as without the interruption

@@ -21,7 +21,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from normlab.errors import Interrupted, NormlabError, install_signal_handlers, process_rank
+from normlab.errors import Interrupted, NormlabError, install_signal_handlers, process_rank, requeue_with_submitit
 from normlab.paths import CONF_DIR
 
 
@@ -189,6 +189,8 @@ def hydra_app(config_name: str, rerun_hint: str | None = None):
             except NormlabError as e:
                 if isinstance(e, Interrupted) and process_rank():
                     sys.exit(e.exit_code)  # rank 0 says it
+                if isinstance(e, Interrupted):
+                    requeue_with_submitit(e, f"{Path(sys.argv[0]).name}: {e}")
                 fail(f"{e}{jobs_not_run(rerun_hint)}", e.exit_code)
 
         def main():

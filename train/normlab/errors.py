@@ -3,6 +3,7 @@ stop signals, which end a run with its progress saved."""
 
 import os
 import signal
+import sys
 
 
 class NormlabError(Exception):
@@ -35,9 +36,16 @@ class Interrupted(NormlabError):
 
 
 # Signals that stop a run after its optimizer step, with its progress saved (callbacks.Preemption): SIGTERM (scancel,
-# Slurm preemption, kill, a container stopping) and SIGUSR1 (Slurm's warning before the time limit).
+# Slurm preemption, kill, a container stopping) and SIGUSR1 (Slurm's warning before the time limit, under sbatch);
+# in a job of Hydra's submitit launcher also SIGUSR2, submitit's warning before the time limit and on preemption.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SUBMITIT_SIGNAL = signal.SIGUSR2
 received: list[int] = []  # the stop signals this process has received
+submitit_handler = []  # submitit's own SIGUSR2 handler, in a submitit job: it requeues the job, once the run is saved
+
+
+def under_submitit() -> bool:
+    return os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
 
 
 def note_signal(signum, frame) -> None:
@@ -46,9 +54,23 @@ def note_signal(signum, frame) -> None:
 
 def install_signal_handlers() -> None:
     """At the start of the process (the CLI), and again when training starts: Trainer.fit installs Lightning's own
-    SIGTERM handler, which ends a run with exit code 0 and saves nothing."""
+    SIGTERM handler, which ends a run with exit code 0 and saves nothing. In a submitit job, submitit's SIGUSR2
+    handler (which requeues the job and exits at once, mid-step) is kept for after the save (normlab.cli)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, note_signal)
+    if under_submitit():
+        if (handler := signal.getsignal(SUBMITIT_SIGNAL)) is not note_signal and callable(handler):
+            submitit_handler[:] = [handler]
+        signal.signal(SUBMITIT_SIGNAL, note_signal)
+
+
+def requeue_with_submitit(stop: Interrupted, message: str) -> None:
+    """A submitit job stopped by SIGUSR2 with its run saved: say so, and let submitit's handler requeue the job (it
+    exits). Called by the CLI, not read from there: submitit pickles the CLI's Hydra task by value, with copies of
+    the module globals it names."""
+    if stop.exit_code == 128 + SUBMITIT_SIGNAL and submitit_handler:
+        print(message, file=sys.stderr, flush=True)
+        submitit_handler[0](SUBMITIT_SIGNAL, None)
 
 
 def process_rank() -> int:

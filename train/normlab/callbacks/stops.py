@@ -8,20 +8,28 @@ import subprocess
 import lightning as L
 import torch
 
-from normlab.errors import Interrupted, NonFiniteError, install_signal_handlers, received
+from normlab.errors import (
+    SUBMITIT_SIGNAL,
+    Interrupted,
+    NonFiniteError,
+    install_signal_handlers,
+    received,
+    under_submitit,
+)
 from normlab.run_dir import RunDirectory
 
 
 def requeues_itself() -> bool:
     """Under sbatch the run requeues its own job on SIGUSR1; under Hydra's submitit launcher submitit does."""
-    return "SLURM_JOB_ID" in os.environ and os.environ.get("SUBMITIT_EXECUTOR") != "slurm"
+    return "SLURM_JOB_ID" in os.environ and not under_submitit()
 
 
 class Preemption(L.Callback):
     """On SIGTERM or SIGUSR1 (to any rank) the run finishes its optimizer step, and the validation that follows it
     if one does, saves last.ckpt, and stops when the next step would begin, once every row of the finished step is
     logged and on disk: exit code 128 + the signal's number (143, 138). On SIGUSR1 under sbatch it first requeues
-    its Slurm job (scontrol requeue), which resumes from last.ckpt. A signal in the last step lets the run finish
+    its Slurm job (scontrol requeue), which resumes from last.ckpt; on SIGUSR2 in a submitit job, submitit requeues
+    it after the stop (normlab.cli). A signal in the last step lets the run finish
     (a sweep then stops before its next job)."""
 
     def __init__(self):
@@ -57,6 +65,8 @@ class Preemption(L.Callback):
             return
         run.sync_tables()  # the rows of the step saved were logged after the save: on disk before stopping
         what = f"{signal.Signals(self.stopping).name}: saved {run.last_saved} at step {trainer.global_step}"
+        if self.stopping == SUBMITIT_SIGNAL:
+            raise Interrupted(f"{what}; submitit requeues the job, which resumes from it", self.stopping)
         if self.stopping == signal.SIGUSR1 and requeues_itself():
             job = os.environ["SLURM_JOB_ID"]
             if trainer.is_global_zero:
