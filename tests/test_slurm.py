@@ -268,7 +268,7 @@ def test_the_submitit_launcher_sizes_the_job_and_its_time_out_saves_before_submi
         sbatch_lines
     log = (script.parent / f"{job}_0_log.out").read_text() + (script.parent / f"{job}_0_log.err").read_text()
     assert log.startswith(f"site file sourced by job {job}\n")
-    saved = re.search(r"SIGUSR2: saved \S+/checkpoints/last.ckpt at step (\d+); submitit requeues the job", log)
+    saved = re.search(r"normlab-train: SIGUSR2: saved \S+/last.ckpt at step (\d+); submitit requeues the job", log)
     assert saved and f"resuming {run} from checkpoints/last.ckpt at step {saved.group(1)}" in log, log[-3000:]
     assert int(job_info(job)["Restarts"]) == 1
     assert losses(run) == reference  # no gap, no step twice, every loss as without the interruption

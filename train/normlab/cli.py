@@ -25,8 +25,8 @@ from normlab.errors import Interrupted, NormlabError, install_signal_handlers, p
 from normlab.paths import CONF_DIR
 
 
-def fail(message: str, code: int = 2):
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+def fail(message: str, code: int = 2, program: str | None = None):
+    print(f"{program or Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     sys.exit(code)
 
 
@@ -189,9 +189,10 @@ def hydra_app(config_name: str, rerun_hint: str | None = None):
             except NormlabError as e:
                 if isinstance(e, Interrupted) and process_rank():
                     sys.exit(e.exit_code)  # rank 0 says it
+                program = f"normlab-{config_name}"  # the command's name also in a submitit job (argv: _submit.py)
                 if isinstance(e, Interrupted):
-                    requeue_with_submitit(e, f"{Path(sys.argv[0]).name}: {e}")
-                fail(f"{e}{jobs_not_run(rerun_hint)}", e.exit_code)
+                    requeue_with_submitit(e, f"{program}: {e}")
+                fail(f"{e}{jobs_not_run(rerun_hint)}", e.exit_code, program)
 
         def main():
             check_command_line(config_name, sys.argv[1:])
