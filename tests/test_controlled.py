@@ -34,6 +34,30 @@ def test_same_seed_gives_identical_weights_at_paper_width():
         assert torch.equal(ln[name], rms[name]), name
 
 
+def test_the_2x2_norm_variants_share_every_initial_weight_and_differ_in_centring_or_bias():
+    """norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias: the same seed gives the same weights, norm parameters
+    included; a variant with a bias has LayerNorm's parameter set, one without it RMSNorm's."""
+    variants = {}
+    for norm in ("layernorm", "rmsnorm", "layernorm_nobias", "rmsnorm_bias"):
+        cfg = compose_config("train", [f"norm={norm}"])
+        variants[(cfg.norm.centred, cfg.norm.bias)] = dict(build_module(cfg).model.named_parameters())
+    assert set(variants) == {(True, True), (False, False), (True, False), (False, True)}
+    for bias in (True, False):
+        centred, uncentred = variants[(True, bias)], variants[(False, bias)]
+        assert centred.keys() == uncentred.keys()
+        assert any(name.endswith("ln_f.bias") for name in centred) == bias
+        for name in centred:
+            assert torch.equal(centred[name], uncentred[name]), name
+    x = torch.randn(3, 64) + 2.0  # a component along 1: only the centred norms remove it
+    with_bias = {c: build_module(compose_config("train", [f"norm={n}"])).model.ln_f
+                 for c, n in ((True, "layernorm"), (False, "rmsnorm_bias"))}
+    beta = torch.randn(64)
+    for norm in with_bias.values():
+        norm.bias.data.copy_(beta)
+    ln, rms = with_bias[True], with_bias[False]
+    torch.testing.assert_close(ln(x), rms(x - x.mean(-1, keepdim=True)))  # the same bias, after the same scaling
+
+
 def test_another_seed_gives_other_weights():
     a, b = modules(seed=0)["layernorm"], modules(seed=1)["layernorm"]
     assert not torch.equal(a.wte.weight, b.wte.weight)

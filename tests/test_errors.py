@@ -86,7 +86,7 @@ CASES = {
         ["-m", "norm=layernorm,batchnorm"],
         None,
         {},
-        ["unknown norm 'batchnorm'", "layernorm, rmsnorm"],
+        ["unknown norm 'batchnorm'", "layernorm, layernorm_nobias, rmsnorm, rmsnorm_bias"],
     ),
     "unknown experiment": (["experiment=paper_7b"], None, {}, ["unknown experiment 'paper_7b'", "paper_410m"]),
     "heads do not divide the width": (
