@@ -10,8 +10,8 @@ import pytest
 
 from conftest import compose_config, run_cli
 
-COMMANDS = ["normlab-train", "normlab-prepare", "normlab-describe", "normlab-angles", "normlab-report",
-            "normlab-bench"]
+COMMANDS = ["normlab-train", "normlab-prepare", "normlab-describe", "normlab-angles", "normlab-ablate",
+            "normlab-report", "normlab-bench"]
 HEAVY = ("torch", "lightning", "datasets", "matplotlib", "transformers", "wandb", "tiktoken")
 
 

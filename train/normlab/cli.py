@@ -268,3 +268,12 @@ def describe(cfg: DictConfig) -> None:
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     print(f"\n{resources}")
+
+
+@hydra_app("ablate")
+def ablate(cfg: DictConfig) -> None:
+    """Mean-subtraction ablation (ablation.csv) of `model_path`: a run directory, a checkpoint or a Hugging Face
+    model."""
+    from normlab.ablate import main as measure_ablation
+
+    measure_ablation(cfg)

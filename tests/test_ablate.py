@@ -1,0 +1,208 @@
+"""normlab-ablate, where the answer is known: norm inputs orthogonal to 1 give a delta of 0 whichever way the norm is
+ablated, a large component along 1 a large one, LayerNorm with its centring removed is RMSNorm (and the converse);
+the bootstrap interval; Hugging Face GPT-2 and Llama; and the command itself, once."""
+
+import csv
+from functools import partial
+
+import pytest
+import torch
+from conftest import compose_config, run_cli
+from normlab.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, norm_kind
+from normlab.angles import AnalysisError, NormSite, norm_sites
+from normlab.model import GPT, GPTConfig
+from normlab.norms import LayerNorm, RMSNorm
+from normlab.run_dir import write_checkpoint
+from omegaconf import OmegaConf
+
+VOCAB = 200
+NORMS = {"layernorm": LayerNorm, "layernorm_nobias": partial(LayerNorm, bias=False), "rmsnorm": RMSNorm,
+         "rmsnorm_bias": partial(RMSNorm, bias=True)}
+
+
+def tiny(norm, seed=0) -> GPT:
+    """A random tiny GPT with sharp logits and norm gains and biases away from 1 and 0 (so that they matter)."""
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=VOCAB), norm)
+    model.init_weights(seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        model.lm_head.weight *= 50
+        for site in norm_sites(model, "normlab"):
+            site.module.weight.copy_(1 + 0.3 * torch.randn(32, generator=gen))
+            if site.module.bias is not None:
+                site.module.bias.copy_(0.3 * torch.randn(32, generator=gen))
+    return model.eval()
+
+
+def orthogonal_to_1(model: GPT) -> GPT:
+    """Everything that writes to the residual stream writes vectors orthogonal to 1: so do the norms' inputs."""
+    with torch.no_grad():
+        for emb in (model.wte, model.wpe):
+            emb.weight -= emb.weight.mean(1, keepdim=True)
+        for block in model.blocks:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight -= proj.weight.mean(0, keepdim=True)
+                proj.bias -= proj.bias.mean()
+    return model
+
+
+@torch.no_grad()
+def greedy_windows(forward, vocab=VOCAB, n=16, seq_len=16) -> torch.Tensor:
+    """Windows that the model itself writes (random first token, then its argmax): it predicts them well, so
+    whatever changes its predictions raises the loss."""
+    ids = torch.randint(0, vocab, (n, 1), generator=torch.Generator().manual_seed(1))
+    while ids.shape[1] < seq_len:
+        ids = torch.cat([ids, forward(ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids
+
+
+def by_site(rows) -> dict:
+    return {r["site"]: r for r in rows}
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_norm_inputs_orthogonal_to_1_give_delta_0_and_a_planted_component_a_large_one(norm):
+    model = orthogonal_to_1(tiny(NORMS[norm]))
+    windows = greedy_windows(model)
+    rows = by_site(ablation_rows(model, "normlab", windows, batch_size=8, resamples=200))
+    assert list(rows) == [f"layer{i:02d}.{r}" for i in range(2) for r in ("attn_norm", "mlp_norm")] + [
+        "layer02.final_norm", "all"]
+    assert {r["ablation"] for r in rows.values()} == {"uncentred" if norm.startswith("layernorm") else "centred"}
+    for site, r in rows.items():
+        assert abs(r["delta"]) < 1e-5 and abs(r["ci_low"]) < 1e-5 and abs(r["ci_high"]) < 1e-5, site
+        assert r["share_along_1"] < 1e-12 and r["d"] == 32, site
+    with torch.no_grad():
+        model.wte.weight += 3.0  # a component along 1 that dwarfs the rest (|e| ~ 0.1 sqrt(32))
+    windows = greedy_windows(model)
+    rows = by_site(ablation_rows(model, "normlab", windows, batch_size=8, resamples=200))
+    # Uncentred, LayerNorm's first norm feeds attention a vector along 1, the same for every token; the RMSNorm
+    # model's attention and MLP do little in a random model, but its output is along 1 until its final norm.
+    for site in ("layer00.attn_norm" if norm.startswith("layernorm") else "layer02.final_norm", "all"):
+        r = rows[site]
+        assert r["share_along_1"] > 0.99, site
+        assert r["delta"] > 0.05 and r["ci_low"] > 0 and r["ablated_loss"] == pytest.approx(r["loss"] + r["delta"]), r
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_uncentred_everywhere_is_rmsnorm_and_rmsnorm_centred_everywhere_is_layernorm(bias):
+    ln, rms = tiny(partial(LayerNorm, bias=bias), seed=3), tiny(partial(RMSNorm, bias=bias), seed=3)
+    assert torch.equal(ln.lm_head.weight, rms.lm_head.weight) and torch.equal(ln.ln_f.weight, rms.ln_f.weight)
+    windows = torch.randint(0, VOCAB, (8, 16), generator=torch.Generator().manual_seed(2))
+    ln_all = by_site(ablation_rows(ln, "normlab", windows, resamples=10))["all"]
+    rms_all = by_site(ablation_rows(rms, "normlab", windows, resamples=10))["all"]
+    assert abs(ln_all["delta"]) > 0.01  # a generic model: the centring matters
+    assert ln_all["ablated_loss"] == pytest.approx(rms_all["loss"], abs=1e-5)
+    assert rms_all["ablated_loss"] == pytest.approx(ln_all["loss"], abs=1e-5)
+    assert ln_all["delta"] == pytest.approx(-rms_all["delta"], abs=1e-5)
+
+
+def test_bootstrap_interval_known_answers():
+    # two windows with deltas 0 and 1: resampled means 0, 1/2, 1 with chances 1/4, 1/2, 1/4, so 0 and 1 bound 95%
+    low, high = bootstrap_interval(torch.tensor([[0.0, 1.0], [2.0, 2.0]]), 2000, seed=0)
+    assert low.tolist() == [0.0, 2.0] and high.tolist() == [1.0, 2.0]
+    low, high = bootstrap_interval(torch.tensor([[0.25]]), 50, seed=0)  # one window: the interval is that delta
+    assert low.item() == high.item() == 0.25
+    gen = torch.Generator().manual_seed(0)
+    widths = []
+    for windows in (20, 2000):
+        deltas = 0.3 + torch.randn(1, windows, generator=gen, dtype=torch.float64)
+        low, high = bootstrap_interval(deltas, 1000, seed=1)
+        assert low < deltas.mean() < high
+        assert torch.equal(torch.stack([low, high]), torch.stack(bootstrap_interval(deltas, 1000, seed=1)))  # seeded
+        widths.append((high - low).item())
+    assert widths[1] < widths[0] / 5  # ~ 1/sqrt(windows): 10x narrower
+    assert widths[1] == pytest.approx(2 * 1.96 / 2000**0.5, rel=0.15)
+
+
+def test_a_norm_of_unknown_class_is_refused_in_one_line():
+    site = NormSite(3, "mlp_norm", torch.nn.GroupNorm(1, 8))
+    with pytest.raises(AnalysisError, match=r"^cannot ablate layer03.mlp_norm: GroupNorm is neither a LayerNorm"):
+        norm_kind(site)
+
+
+# -- Hugging Face models, built from their configs (no downloads)
+
+
+def tiny_hf(model_type: str, planted: float):
+    """Tiny GPT-2 (LayerNorm) or Llama (RMSNorm) whose residual writes are orthogonal to 1, plus `planted` 1 in every
+    token embedding."""
+    transformers = pytest.importorskip("transformers")
+    if model_type == "gpt2":
+        config = transformers.GPT2Config(vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=32, n_positions=64)
+    else:
+        config = transformers.LlamaConfig(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
+                                          intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        if model_type == "gpt2":  # Conv1D weights: [in, out]; the LM head is tied to wte
+            embeddings = [model.transformer.wte, model.transformer.wpe]
+            writes = [(m.weight, 1) for b in model.transformer.h for m in (b.attn.c_proj, b.mlp.c_proj)]
+            writes += [(m.bias, 0) for b in model.transformer.h for m in (b.attn.c_proj, b.mlp.c_proj)]
+        else:  # Linear weights: [out, in]; no biases, rotary positions
+            embeddings = [model.model.embed_tokens]
+            writes = [(m.weight, 0) for b in model.model.layers for m in (b.self_attn.o_proj, b.mlp.down_proj)]
+        for emb in embeddings:
+            emb.weight -= emb.weight.mean(1, keepdim=True)
+        for weight, out_dim in writes:
+            weight -= weight.mean(out_dim, keepdim=True)
+        embeddings[0].weight += planted
+        model.lm_head.weight *= 20
+    return model
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_hugging_face_gpt2_and_llama(model_type):
+    model = tiny_hf(model_type, planted=0.0)
+    windows = greedy_windows(lambda ids: model(input_ids=ids).logits)
+    rows = by_site(ablation_rows(model, model_type, windows, resamples=100))
+    assert len(rows) == 2 * 2 + 2 and {r["ablation"] for r in rows.values()} == {
+        "uncentred" if model_type == "gpt2" else "centred"}
+    assert all(abs(r["delta"]) < 1e-5 and r["share_along_1"] < 1e-12 for r in rows.values()), rows
+    model = tiny_hf(model_type, planted=3.0)
+    windows = greedy_windows(lambda ids: model(input_ids=ids).logits)
+    every = by_site(ablation_rows(model, model_type, windows, resamples=100))["all"]
+    assert every["share_along_1"] > 0.99 and every["delta"] > 0.05 and every["ci_low"] > 0, every
+
+
+# -- the command, end to end
+
+
+def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_path):
+    config = OmegaConf.to_container(compose_config("train", ["model.n_layer=2", "model.n_embd=32", "model.n_head=2",
+                                                             "model.block_size=32", "norm=rmsnorm_bias"]), resolve=True)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32), partial(RMSNorm, bias=True))
+    model.init_weights(0)
+    weights = {f"model.{k}": v for k, v in model.state_dict().items()}
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in (0, 3, 5):
+        checkpoint = {"state_dict": weights, "hyper_parameters": {"config": config}, "global_step": step}
+        write_checkpoint(checkpoint, checkpoints / ("last.ckpt" if step == 5 else f"step-{step:07d}.ckpt"))
+    (checkpoints / "last.ckpt").write_bytes(b"torn")  # damaged: step 3 is the newest intact checkpoint
+    result = run_cli("normlab-ablate", "model_path=run", "probe.tokens=320", "seq_len=32", "bootstrap=100",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "warning: " in result.stderr and "last.ckpt holds 4 bytes" in result.stderr
+    summary, wrote = result.stdout.strip().splitlines()[-2:]
+    assert summary.startswith("run step 3 (rmsnorm_bias), inputs centred: at every norm ")
+    assert wrote == "wrote run/ablation.csv (6 rows, 10 windows, 310 scored tokens)"
+    with open(tmp_path / "run" / "ablation.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert tuple(reader.fieldnames) == CSV_COLUMNS
+    assert [r["site"] for r in rows] == ["layer00.attn_norm", "layer00.mlp_norm", "layer01.attn_norm",
+                                         "layer01.mlp_norm", "layer02.final_norm", "all"]
+    first = rows[0]
+    assert (first["run"], first["model"], first["norm"], first["seed"], first["step"], first["layer"], first["role"],
+            first["ablation"], first["windows"], first["tokens"], first["d"]) == (
+        "run", "tiny", "rmsnorm_bias", "0", "3", "0", "attn_norm", "centred", "10", "310", "32")
+    assert first["source"] == "run/checkpoints/step-0000003.ckpt" and rows[-1]["layer"] == rows[-1]["role"] == ""
+    for r in rows:
+        assert float(r["ci_low"]) <= float(r["delta"]) <= float(r["ci_high"])
+        assert float(r["ablated_loss"]) - float(r["loss"]) == pytest.approx(float(r["delta"]), abs=1e-9)
+    # bad input: one line, exit 2, nothing written
+    before = (tmp_path / "run" / "ablation.csv").read_bytes()
+    bad = run_cli("normlab-ablate", "model_path=run", "seq_len=64", "out=other.csv", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "normlab-ablate: error: seq_len=64 is beyond the context of run (32 tokens, model.block_size): give at most 32"]
+    assert not (tmp_path / "other.csv").exists() and (tmp_path / "run" / "ablation.csv").read_bytes() == before
