@@ -1,0 +1,220 @@
+"""normlab-report on synthetic run directories: real configs (composed from conf/), metrics.csv and angles.csv written
+here with known values, so that the pairing, the confidence interval and the verdict are checked against numbers
+computed by hand. No training: each test takes seconds."""
+
+import copy
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+from normlab.angles import REFERENCES
+from normlab.report import Interval, find_runs, group_runs, main, norm_variant, t_quantile_975
+from omegaconf import OmegaConf
+
+N_LAYER, D, COUNT = 2, 64, 10_000
+OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg", "max_deg",
+               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d", "histogram"]  # angles.csv before the null
+NEW_COLUMNS = ["run", "model", "norm", "seed", "source", *OLD_COLUMNS, "sem_deg", "null_percentile",  # directions
+               "null_random_mean_deg", "null_random_std_deg", "null_directions"]
+SINGLE_NULL_SD = math.degrees(1 / math.sqrt(D))  # 7.16 degrees
+ABLATION_COLUMNS = ["run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
+                    "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "share_along_1", "d"]
+COMPOSED = {}
+
+
+def composed(norm: str):
+    """The train config of `norm` (the tiny model with 2 layers), composed once per norm."""
+    if norm not in COMPOSED:
+        COMPOSED[norm] = compose_config("train", [f"norm={norm}", f"model.n_layer={N_LAYER}"])
+    return copy.deepcopy(COMPOSED[norm])
+
+
+def write_csv(path: Path, rows: list[dict], columns) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def angle_rows(step: int, final_angle: float, final_share: float, null_random_sd: float | None = None,
+               **columns) -> list[dict]:
+    """Every norm site at `step`: 90 degrees to every reference, but the final norm's input, which makes
+    `final_angle` with 1 (and holds `final_share` of its squared norm along it)."""
+    sites = [(layer, f"{role}.{io}") for layer in range(N_LAYER) for role in ("attn_norm", "mlp_norm")
+             for io in ("input", "output")] + [(N_LAYER, "final_norm.input"), (N_LAYER, "final_norm.output")]
+    rows = []
+    for layer, site in sites:
+        for reference in REFERENCES:
+            special = site == "final_norm.input" and reference == "uniform"
+            row = {"step": step, "layer": layer, "site": site, "reference": reference, "position": "all",
+                   "count": COUNT, "mean_deg": final_angle if special else 90.0, "std_deg": 5.0, "min_deg": 70.0,
+                   "max_deg": 110.0, "mean_norm": 1.0, "mean_cos2": final_share if special else 1 / D,
+                   "null_mean_deg": 90.0, "null_std_deg": SINGLE_NULL_SD, "d": D, "histogram": "0 1 0", **columns}
+            if null_random_sd is not None:
+                row |= {"null_random_mean_deg": 90.0, "null_random_std_deg": null_random_sd}
+            rows.append(row)
+    return rows
+
+
+def make_run(root: Path, name: str, norm: str = "layernorm", seed: int = 0, loss: float = 3.0, steps: int = 10,
+             max_steps: int = 10, final_angle: float = 90.0, experiment: str = "exp", settings: dict | None = None,
+             norm_keys: dict | None = None) -> Path:
+    """A run directory as normlab-train leaves it after `steps` of `max_steps` optimizer steps: config.yaml (with
+    `norm_keys` set, or removed where None), metrics.csv (final validation loss `loss`) and angles.csv (steps 0 and
+    `steps`, in the format before the null over random directions)."""
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    cfg = composed(norm)
+    cfg.seed, cfg.run_dir, cfg.experiment_name, cfg.trainer.max_steps = seed, str(run_dir), experiment, max_steps
+    OmegaConf.set_struct(cfg, False)
+    for key, value in {**(settings or {}), **{f"norm.{k}": v for k, v in (norm_keys or {}).items()}}.items():
+        if value is None:
+            cfg.norm.pop(key.removeprefix("norm."))
+        else:
+            OmegaConf.update(cfg, key, value, force_add=True)
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    metrics = [{"step": s, "train/loss": loss + 1 + 1 / (s + 1), "train/tokens_per_sec": 1000.0} for s in range(steps)]
+    metrics += [{"step": steps // 2 - 1, "val/loss": loss + 0.5}, {"step": steps - 1, "val/loss": loss}]  # logged at
+    write_csv(run_dir / "metrics.csv", metrics, ["step", "train/loss", "train/tokens_per_sec", "val/loss"])  # step-1
+    write_csv(run_dir / "angles.csv", angle_rows(0, 90.0, 1 / D) + angle_rows(steps, final_angle, 0.05), OLD_COLUMNS)
+    return run_dir
+
+
+def write_ablation(run_dir: Path, delta: float, low: float, high: float) -> None:
+    rows = [{"site": "attn_norm.input", "layer": 0, "role": "attn_norm", "delta": delta / 2, "ci_low": low / 2,
+             "ci_high": high / 2},
+            {"site": "all", "layer": "", "role": "", "delta": delta, "ci_low": low, "ci_high": high}]
+    write_csv(run_dir / "ablation.csv", [{"step": 10, "ablation": "", **r} for r in rows], ABLATION_COLUMNS)
+
+
+def report(*args: str) -> None:
+    main(compose_config("report", list(args)))
+
+
+def png_width(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the IHDR chunk
+
+
+def test_t_quantiles_match_the_exact_values():
+    assert t_quantile_975(1) == 12.7062 and t_quantile_975(2) == 4.3027 and t_quantile_975(30) == 2.0423
+    assert t_quantile_975(40) == pytest.approx(2.021075, abs=1e-6)  # scipy.stats.t.ppf(0.975, 40)
+    assert t_quantile_975(120) == pytest.approx(1.979930, abs=1e-6)
+
+
+def test_interval_of_paired_differences_by_hand():
+    interval = Interval.of([0.02, 0.03, 0.01])  # mean 0.02, sd 0.01, t(2) = 4.3027
+    half = 4.3027 * 0.01 / math.sqrt(3)
+    assert (interval.mean, interval.sd) == (pytest.approx(0.02), pytest.approx(0.01))
+    assert (interval.low, interval.high) == (pytest.approx(0.02 - half), pytest.approx(0.02 + half))
+    assert interval.excludes_zero is False
+    assert Interval.of([0.02, 0.021, 0.019]).excludes_zero is True
+    single = Interval.of([0.05])
+    assert single.low is None and single.excludes_zero is None and single.text() == "+0.0500 (1 pair: no interval)"
+
+
+def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_path):
+    sweep = tmp_path / "exp"
+    for seed, (ln, rms) in enumerate([(3.00, 3.02), (3.10, 3.13), (3.05, 3.06)]):
+        make_run(sweep, f"tiny-layernorm-seed{seed}", "layernorm", seed, ln, final_angle=90.1)
+        make_run(sweep, f"tiny-rmsnorm-seed{seed}", "rmsnorm", seed, rms, final_angle=91.0)
+    make_run(sweep, "tiny-layernorm-seed3", "layernorm", 3, 3.0)
+    make_run(sweep, "tiny-rmsnorm-seed3", "rmsnorm", 3, 2.0, steps=6)  # unfinished: its better loss must not count
+    make_run(sweep, "tiny-rmsnorm-seed1.replaced-20250101-000000", "rmsnorm", 1, 9.9)  # moved aside by restart=true
+    write_ablation(sweep / "tiny-rmsnorm-seed0", 0.0123, 0.0100, 0.0146)
+
+    report(f"runs={sweep}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248
+    assert "| tiny† | rmsnorm | 3 | 10 | vs layernorm: +0.0200 [-0.0048, +0.0448], 3 pairs, includes 0 |" in summary
+    assert "| rmsnorm − layernorm (the bias differs too) | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | +0.0200 " in summary
+    assert "| tiny-rmsnorm-seed3 | rmsnorm | 3 |" in summary and "| 6 of 10 |" in summary
+    assert "**unfinished: step 6 of 10: left out**" in summary
+    assert "tiny-layernorm-seed3 | layernorm | 3 |" in summary and "no run of the other norm with its seed" in summary
+    assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
+    assert "9.9" not in summary
+    # the final norm's input at 91 degrees: 1 / (7.16 / sqrt(10000)) = +14.0 null sds of independent tokens (‡)
+    assert "| +14.0 (final, 91.00°)‡ | 0.0500 (final; null 1/d = 0.0156) | +0.0123 [+0.0100, +0.0146]; 2 run" in summary
+    assert f"not run (normlab-ablate model_path={sweep / 'tiny-layernorm-seed0'})" in summary
+    assert "‡ null sd of a mean over independent tokens" in summary and "† demo scale: not evidence" in summary
+    assert "every reader of the residual stream is a norm layer" in summary
+    for figure in ("loss", "loss_difference", "angles_by_layer", "references", "angles_training", "ablation"):
+        assert (tmp_path / f"out/{figure}_tiny.pdf").read_bytes()[:5] == b"%PDF-"
+        assert f"({figure}_tiny.png)" in summary
+    assert png_width(tmp_path / "out/loss_tiny.png") == 7.2 * 300  # print resolution
+
+
+def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
+    for experiment, settings in [("a", {}), ("b", {"trainer.max_steps": 20}), ("c", {"model.lr": 0.001}), ("d", {})]:
+        for norm in ("layernorm", "rmsnorm"):
+            max_steps = settings.get("trainer.max_steps", 10)
+            make_run(tmp_path / experiment, f"tiny-{norm}-seed0", norm, steps=max_steps, max_steps=max_steps,
+                     experiment=experiment, settings={k: v for k, v in settings.items() if k != "trainer.max_steps"})
+
+    runs, replaced = find_runs([tmp_path])
+    groups = group_runs(runs)
+
+    assert replaced == [] and len(runs) == 8
+    by_names = {tuple(sorted(r.name for r in g.runs)): g for g in groups}
+    assert set(by_names) == {
+        ("a/tiny-layernorm-seed0", "a/tiny-rmsnorm-seed0", "d/tiny-layernorm-seed0", "d/tiny-rmsnorm-seed0"),
+        ("b/tiny-layernorm-seed0", "b/tiny-rmsnorm-seed0"),
+        ("c/tiny-layernorm-seed0", "c/tiny-rmsnorm-seed0"),
+    }
+    assert len({g.slug for g in groups}) == 3 and all(g.slug.startswith("tiny-") for g in groups)
+    same = by_names[("a/tiny-layernorm-seed0", "a/tiny-rmsnorm-seed0", "d/tiny-layernorm-seed0",
+                     "d/tiny-rmsnorm-seed0")]
+    assert sorted(r.name for r in same.runs if "a replicate" in r.left_out) == ["d/tiny-layernorm-seed0",
+                                                                               "d/tiny-rmsnorm-seed0"]
+    assert [len(c.pairs) for c in same.comparisons] == [1]
+    assert "trainer.max_steps=20" in by_names[("b/tiny-layernorm-seed0", "b/tiny-rmsnorm-seed0")].distinct
+    assert "model.lr=0.001" in by_names[("c/tiny-layernorm-seed0", "c/tiny-rmsnorm-seed0")].distinct
+
+
+def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons(tmp_path):
+    for seed in (0, 1):
+        for k, norm in enumerate(("layernorm", "rmsnorm", "layernorm_nobias", "rmsnorm_bias")):
+            make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, 3.0 + k / 100 + seed / 1000)
+
+    (group,) = group_runs(find_runs([tmp_path])[0])
+
+    assert [(c.label, len(c.pairs)) for c in group.comparisons] == [
+        ("rmsnorm_bias − layernorm (with bias)", 2), ("rmsnorm − layernorm_nobias (without bias)", 2)]
+    assert [c.interval.mean for c in group.comparisons] == [pytest.approx(0.03 - 0.00), pytest.approx(0.01 - 0.02)]
+
+
+def test_configs_without_centred_and_bias_keys_are_read_by_the_norm_name(tmp_path):
+    old_config = {"centred": None, "bias": None}  # written before the norm variants
+    make_run(tmp_path, "ln", "layernorm", norm_keys=old_config)
+    make_run(tmp_path, "rms", "rmsnorm", loss=3.1, norm_keys=old_config)
+
+    (group,) = group_runs(find_runs([tmp_path])[0])
+
+    assert [(c.label, c.differences) for c in group.comparisons] == [
+        ("rmsnorm − layernorm (the bias differs too)", [pytest.approx(0.1)])]
+    assert norm_variant({"name": "rmsnorm_bias"}) == norm_variant({"name": "rmsnorm_bias", "centred": False,
+                                                                   "bias": True})
+    assert norm_variant({"name": "layernorm_nobias"}).bias is False
+
+
+def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
+    new = {"run": "gpt2-small", "model": "gpt2-small", "norm": "layernorm", "seed": "", "source": "/models/gpt2"}
+    write_csv(tmp_path / "gpt2.csv", angle_rows(0, 91.0, 0.02, null_random_sd=0.5, **new), NEW_COLUMNS)
+    write_csv(tmp_path / "pythia-70m.csv", angle_rows(0, 89.0, 0.03), OLD_COLUMNS)
+    write_csv(tmp_path / "gpt2-ablation.csv", [{"model": "gpt2-small", "step": 0, "site": "all", "delta": 0.005,
+                                                 "ci_low": 0.004, "ci_high": 0.006}], ABLATION_COLUMNS)
+
+    report(f"runs=[{tmp_path / 'pythia-70m.csv'}]", f"csvs=[{tmp_path / 'gpt2.csv'},{tmp_path / 'gpt2-ablation.csv'}]",
+           f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°) "
+            "| 0.0200 (final; null 1/d = 0.0156) | +0.0050 [+0.0040, +0.0060] |") in summary  # (91 - 90) / 0.5
+    assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
+            "-14.0 (final, 89.00°)‡") in summary
+    assert "not run (normlab-ablate model_path=<the model's directory>)" in summary
+    for name in ("angles_by_layer_pretrained-gpt2-small", "references_pretrained-pythia-70m",
+                 "ablation_pretrained-gpt2-small"):
+        assert (tmp_path / f"out/{name}.pdf").is_file() and f"({name}.png)" in summary
