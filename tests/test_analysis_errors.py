@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, run_cli
 from test_angles import tiny_hf
@@ -133,7 +134,7 @@ CASES = {
                                ["{tmp}/run/angles.csv, line ", "is cut short", "rerun the same normlab-train command",
                                 "normlab-angles model_path={tmp}/run out={tmp}/run/angles.csv"]),
     "angles.csv row without a field": (REPORT, ["runs={tmp}/run"], (drop_a_field_of_line_3, "run/angles.csv"),
-                                       ["{tmp}/run/angles.csv, line 3, has 15 fields, its header 16"]),
+                                       ["{tmp}/run/angles.csv, line 3, has 25 fields, its header 26"]),
     "metrics.csv cut mid-row": (REPORT, ["runs=[{tmp}/run]"], (cut_mid_row, "run/metrics.csv"),
                                 ["{tmp}/run/metrics.csv, line ", "is cut short",
                                  "rerun the same normlab-train command, which repairs it"]),
@@ -192,7 +193,32 @@ def test_a_sweep_over_checkpoints_writes_a_csv_for_each(prepared, inputs, tmp_pa
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
-    assert sorted(p.name for p in (tmp_path / "out/angles").iterdir()) == [
-        "multirun.yaml", "step-0000002.ckpt.csv", "step-0000004.ckpt.csv"]
+    # <experiment>/<run>-<checkpoint>.csv: the run's folder here is the test's own
+    assert sorted(p.name for p in (tmp_path / "out/angles").iterdir()) == ["multirun.yaml", tmp_path.name]
+    assert sorted(p.name for p in (tmp_path / "out/angles" / tmp_path.name).iterdir()) == [
+        "run-step-0000002.csv", "run-step-0000004.csv"]
     for step in (2, 4):
-        assert {r["step"] for r in read_csv(tmp_path / f"out/angles/step-000000{step}.ckpt.csv")} == {step}
+        rows = read_csv(tmp_path / f"out/angles/{tmp_path.name}/run-step-000000{step}.csv")
+        assert {(r["step"], r["source"]) for r in rows} == {(step, str(tmp_path / checkpoints[step // 2 - 1]))}
+
+
+def test_runs_measured_into_one_csv_keep_every_row_with_what_was_measured(prepared, inputs, tmp_path):
+    """Two runs of the same name (other experiments) and a second measurement of one of them, into one CSV: the
+    rows of both are kept, each says which run, model, norm, seed, step and checkpoint it is, and the checkpoint
+    measured again replaces its own rows only."""
+    for experiment in ("a", "b"):
+        shutil.copytree(inputs / "run", tmp_path / experiment / "run", ignore=SCHEDULED_ONLY)
+    out = tmp_path / "all.csv"
+    for model_path in ("a/run", "b/run", "a/run/checkpoints/step-0000004.ckpt"):
+        result = run_cli(ANGLES, f"model_path={model_path}", "probe.tokens=256", f"out={out}", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_csv(out)
+    per_checkpoint = {}
+    for r in rows:
+        per_checkpoint[(r["source"], r["step"])] = per_checkpoint.get((r["source"], r["step"]), 0) + 1
+    assert sorted(per_checkpoint) == sorted((str(tmp_path / e / f"run/checkpoints/step-000000{s}.ckpt"), s)
+                                            for e in ("a", "b") for s in (0, 2, 4, 6))
+    assert len(set(per_checkpoint.values())) == 1  # each checkpoint's rows once
+    config = OmegaConf.load(tmp_path / "a/run/config.yaml")
+    assert {(r["run"], r["model"], r["norm"], r["seed"]) for r in rows} == {
+        (config.run_name, config.model.name, config.norm.name, str(config.seed))}

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from conftest import run_cli
-from normlab.angles import LAYOUTS, AngleProbe, NormSite, measure, norm_sites, read_csv
+from normlab.angles import LAYOUTS, POSITIONS, AngleProbe, NormSite, measure, norm_sites, read_csv
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm
 
@@ -89,7 +89,7 @@ def test_mean_centred_writing_weights_put_every_norm_input_at_exactly_90_degrees
     ids = torch.randint(0, 500, (4, 32), generator=torch.Generator().manual_seed(2))
     stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 64, [(ids, None)])
     inputs = [r for r in stats.records(0) if r["site"].endswith(".input") and r["reference"] == "uniform"]
-    assert len(inputs) == 2 * (2 * 3 + 1)
+    assert len(inputs) == len(POSITIONS) * (2 * 3 + 1)
     for r in inputs:
         assert abs(r["min_deg"] - 90) < 1e-3 and abs(r["max_deg"] - 90) < 1e-3, r
 

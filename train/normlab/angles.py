@@ -7,8 +7,14 @@ to statistics; nothing else is kept, so memory does not depend on the number of 
 histogram, the mean norm of the vectors and the mean cos^2 of the angle (the share of their squared norm that
 lies along the reference). References: the uniform vector 1, a random vector a~ with the same norm sqrt(d)
 and a random vector b~ with another norm (fixed seeds). Rows at site "<norm>.rotation" hold the angle between
-each norm's input and output. Position "all" counts every token, "first" only the first of each sequence.
-Null model: a random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector.
+each norm's input and output. Position "all" counts every token, "first" only the first of each sequence,
+"rest" all but the first.
+
+Two nulls. One random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector (null_mean_deg,
+null_std_deg): the spread of single angles. Whether 1 is special is asked of the MEAN angle: the same mean is taken
+for `null_directions` seeded random directions (uniform on the sphere), and a row holds where its reference's mean
+falls among theirs (null_percentile: the share of random directions with a smaller mean angle, in percent) and
+their mean and spread (null_random_mean_deg, null_random_std_deg). The null of mean_cos2 is 1/d.
 """
 
 import csv
@@ -30,10 +36,13 @@ from tqdm import tqdm
 from normlab.errors import NormlabError
 
 REFERENCES = ("uniform", "random_a", "random_b")
-POSITIONS = ("all", "first")
+POSITIONS = ("all", "first", "rest")
 BINS = 180  # 1-degree histogram over [0, 180]
-CSV_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg", "max_deg",
-               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d", "histogram")
+NULL_DIRECTIONS_SEED = 3  # the random directions of the percentile null (1, 2: a~ and b~)
+IDENTITY_COLUMNS = ("run", "model", "norm", "seed", "source")  # what was measured: any number of them share a CSV
+CSV_COLUMNS = (*IDENTITY_COLUMNS, "step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg",
+               "sem_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
+               "null_percentile", "null_random_mean_deg", "null_random_std_deg", "null_directions", "d", "histogram")
 
 
 @dataclass(frozen=True)
@@ -74,18 +83,30 @@ def reference_vectors(d: int, seed_a: int = 1, seed_b: int = 2, norm_b: float = 
     return torch.stack([torch.ones(d, dtype=torch.float64), a / a.norm() * d**0.5, b / b.norm() * norm_b * d**0.5])
 
 
+def random_directions(count: int, d: int) -> torch.Tensor:
+    """[count, d]: unit vectors drawn uniformly on the sphere (normalised Gaussians), the same for every run."""
+    directions = torch.randn(count, d, generator=torch.Generator().manual_seed(NULL_DIRECTIONS_SEED),
+                             dtype=torch.float64)
+    return directions / directions.norm(dim=1, keepdim=True)
+
+
 class AngleStats:
     """Mergeable statistics of many angle series at once, one row per (layer, site, reference, position)."""
 
-    def __init__(self, rows: list[tuple[int, str, str, str]], d: int, device=None):
-        self.rows, self.d = rows, d
+    def __init__(self, rows: list[tuple[int, str, str, str]], d: int, device=None, null_directions: int = 0):
+        self.rows, self.d, self.null_directions = rows, d, null_directions
         self.index = {row: i for i, row in enumerate(rows)}
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
         self.count, self.mean, self.m2 = zeros(len(rows)), zeros(len(rows)), zeros(len(rows))
         self.min, self.max = zeros(len(rows)).fill_(math.inf), zeros(len(rows)).fill_(-math.inf)
         self.hist, self.norm_sum, self.cos2_sum = zeros(len(rows), BINS), zeros(len(rows)), zeros(len(rows))
+        self.null_sum = zeros(len(rows), null_directions)  # per row: the sum of its vectors' angles to each direction
 
-    TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum")
+    TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum", "null_sum")
+
+    def update_null(self, idx: torch.Tensor, sums: torch.Tensor) -> None:
+        """Add sums[k, j], the sum of angles (degrees) of row idx[k]'s vectors to random direction j."""
+        self.null_sum[idx] += sums.double()
 
     def update(self, idx: torch.Tensor, degrees: torch.Tensor, norms: torch.Tensor, cos2: torch.Tensor) -> None:
         """Add the values degrees[k, :] (with their vectors' norms[k, :] and cos2[k, :]) to row idx[k]."""
@@ -122,6 +143,7 @@ class AngleStats:
         self.hist += other.hist
         self.norm_sum += other.norm_sum
         self.cos2_sum += other.cos2_sum
+        self.null_sum += other.null_sum
         return self
 
     def all_reduce(self) -> "AngleStats":
@@ -131,34 +153,46 @@ class AngleStats:
         flat = torch.cat([getattr(self, t).reshape(len(self.rows), -1) for t in self.TENSORS], 1)
         gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
         dist.all_gather(gathered, flat)
-        merged = AngleStats(self.rows, self.d, flat.device)
+        merged = AngleStats(self.rows, self.d, flat.device, self.null_directions)
         for tensor in gathered:
-            merged.merge(AngleStats.from_flat(self.rows, self.d, tensor))
+            merged.merge(AngleStats.from_flat(self.rows, self.d, tensor, self.null_directions))
         return merged
 
     @classmethod
-    def from_flat(cls, rows, d, flat: torch.Tensor) -> "AngleStats":
-        stats = cls(rows, d, flat.device)
-        widths = [BINS if t == "hist" else 1 for t in cls.TENSORS]
+    def from_flat(cls, rows, d, flat: torch.Tensor, null_directions: int = 0) -> "AngleStats":
+        stats = cls(rows, d, flat.device, null_directions)
+        widths = [{"hist": BINS, "null_sum": null_directions}.get(t, 1) for t in cls.TENSORS]
         for name, part in zip(cls.TENSORS, flat.split(widths, 1)):
-            setattr(stats, name, part.squeeze(1) if part.shape[1] == 1 else part.clone())
+            setattr(stats, name, part.squeeze(1) if name not in ("hist", "null_sum") else part.clone())
         return stats
 
-    def records(self, step: int) -> list[dict]:
-        """One CSV row per statistics row that saw tokens."""
+    def records(self, step: int, identity: dict | None = None) -> list[dict]:
+        """One CSV row per statistics row that saw tokens; `identity`: the IDENTITY_COLUMNS of what was measured."""
         null_std = math.degrees(1 / math.sqrt(self.d))
         count, mean, m2, hist = self.count.cpu(), self.mean.cpu(), self.m2.cpu(), self.hist.cpu().long()
+        random_means = self.null_sum.cpu() / count.clamp_min(1)[:, None]  # [rows, directions]
         out = []
         for i, (layer, site, reference, position) in enumerate(self.rows):
             n = count[i].item()
             if n == 0:
                 continue
-            out.append({"step": step, "layer": layer, "site": site, "reference": reference, "position": position,
-                        "count": int(n), "mean_deg": mean[i].item(), "std_deg": math.sqrt(m2[i].item() / n),
-                        "min_deg": self.min[i].item(), "max_deg": self.max[i].item(),
-                        "mean_norm": self.norm_sum[i].item() / n, "mean_cos2": self.cos2_sum[i].item() / n,
-                        "null_mean_deg": 90.0, "null_std_deg": null_std, "d": self.d,
-                        "histogram": " ".join(map(str, hist[i].tolist()))})  # counts per degree, 0..180
+            std = math.sqrt(m2[i].item() / n)
+            row = {**dict.fromkeys(IDENTITY_COLUMNS, ""), **(identity or {}),
+                   "step": step, "layer": layer, "site": site, "reference": reference, "position": position,
+                   "count": int(n), "mean_deg": mean[i].item(), "std_deg": std, "sem_deg": std / math.sqrt(n),
+                   "min_deg": self.min[i].item(), "max_deg": self.max[i].item(),
+                   "mean_norm": self.norm_sum[i].item() / n, "mean_cos2": self.cos2_sum[i].item() / n,
+                   "null_mean_deg": 90.0, "null_std_deg": null_std, "null_percentile": "",
+                   "null_random_mean_deg": "", "null_random_std_deg": "", "null_directions": "", "d": self.d,
+                   "histogram": " ".join(map(str, hist[i].tolist()))}  # counts per degree, 0..180
+            if self.null_directions and not site.endswith(".rotation"):
+                means = random_means[i]
+                below = (means < mean[i]).sum().item() + 0.5 * (means == mean[i]).sum().item()
+                row.update(null_percentile=100 * below / self.null_directions,
+                           null_random_mean_deg=means.mean().item(),
+                           null_random_std_deg=means.std().item() if self.null_directions > 1 else 0.0,
+                           null_directions=self.null_directions)
+            out.append(row)
         return out
 
 
@@ -178,13 +212,14 @@ class AngleProbe:
     each forward, turns those of every site into angles and statistics at once. `mask` ([B, T] bool, True = real
     token) must be set before each forward when batches are padded."""
 
-    def __init__(self, sites: list[NormSite], d: int, device=None, **reference_kwargs):
+    def __init__(self, sites: list[NormSite], d: int, device=None, null_directions: int = 0, **reference_kwargs):
         self.sites, self.d = sites, d
-        self.stats = AngleStats(stat_rows(sites), d, device)
+        self.stats = AngleStats(stat_rows(sites), d, device, null_directions)
         self.references = reference_vectors(d, **reference_kwargs).to(device=device, dtype=torch.float32)
         self.reference_norms = self.references.norm(dim=1)
+        self.random_directions = random_directions(null_directions, d).to(device=device, dtype=torch.float32)
         self.mask: torch.Tensor | None = None
-        self._pending: list[tuple[NormSite, torch.Tensor]] = []
+        self._pending: list[tuple[NormSite, torch.Tensor, torch.Tensor | None]] = []
         self._row_cache: dict[tuple, torch.Tensor] = {}
 
     @contextmanager
@@ -200,12 +235,26 @@ class AngleProbe:
         def hook(module, args, output):
             x = args[0] if args else None
             y = output[0] if isinstance(output, tuple) else output
-            if any(pending is site for pending, _ in self._pending):  # a norm called twice in one forward
+            if any(pending is site for pending, *_ in self._pending):  # a norm called twice in one forward
                 self.flush()
             with torch.autocast(x.device.type, enabled=False):  # float32 whatever the run's autocast
-                self._pending.append((site, self._per_token(x.detach().float(), y.detach().float())))
+                x, y = x.detach().float(), y.detach().float()
+                null = self._null_sums(x, y) if len(self.random_directions) else None
+                self._pending.append((site, self._per_token(x, y), null))
 
         return hook
+
+    def _null_sums(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[2 (input, output), 3 (POSITIONS), directions]: the sums of the angles of x and y to each random
+        direction, reduced at once (a [B, T, directions] tensor per norm would not fit for long)."""
+        mask = self.mask if self.mask is not None else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        sums = []
+        for v in (x, y):
+            cos = (v @ self.random_directions.T).div_(v.norm(dim=-1, keepdim=True).clamp_min(1e-30))
+            degrees = torch.rad2deg_(torch.acos_(cos.clamp_(-1, 1))).mul_(mask[..., None])
+            every, first = degrees.sum((0, 1), dtype=torch.float64), degrees[:, 0].sum(0, dtype=torch.float64)
+            sums.append(torch.stack([every, first, every - first]))
+        return torch.stack(sums)
 
     def _per_token(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """[B, T, 9]: x and y against each reference (dot products), |x|, |y|, and |x^ - y^| (unit vectors)."""
@@ -223,15 +272,19 @@ class AngleProbe:
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
         by_shape: dict[tuple, list] = {}
-        for site, values in pending:
+        for site, values, null in pending:
             by_shape.setdefault(values.shape, []).append((site, values))
+            if null is not None:
+                for position, sums in zip(POSITIONS, null.unbind(1)):  # input rows get the input's sums, output's
+                    self.stats.update_null(self._rows(site, position)[:6], sums.repeat_interleave(3, 0))
         for group in by_shape.values():
             sites, values = zip(*group)
             values = torch.stack(values)  # [sites, B, T, 9]
             mask = self.mask
             if mask is None:
                 mask = torch.ones(values.shape[1:3], dtype=torch.bool, device=values.device)
-            for position, selected in (("all", values[:, mask]), ("first", values[:, :, 0][:, mask[:, 0]])):
+            selections = (values[:, mask], values[:, :, 0][:, mask[:, 0]], values[:, :, 1:][:, mask[:, 1:]])
+            for position, selected in zip(POSITIONS, selections):
                 self._update(sites, position, selected)
 
     def _update(self, sites, position: str, values: torch.Tensor) -> None:
@@ -257,10 +310,11 @@ class AngleProbe:
 
 
 @torch.no_grad()
-def measure(forward, sites: list[NormSite], d: int, batches, device=None, **reference_kwargs) -> AngleStats:
+def measure(forward, sites: list[NormSite], d: int, batches, device=None, null_directions: int = 0,
+            **reference_kwargs) -> AngleStats:
     """Run `forward(ids, mask)` over `batches` of (ids, mask or None) with the hooks on; return the stats
     (merged over DDP ranks when a process group is initialised)."""
-    probe = AngleProbe(sites, d, device, **reference_kwargs)
+    probe = AngleProbe(sites, d, device, null_directions, **reference_kwargs)
     with probe.hooks():
         for ids, mask in batches:
             probe.mask = mask
@@ -270,15 +324,16 @@ def measure(forward, sites: list[NormSite], d: int, batches, device=None, **refe
 
 
 def append_csv(path: Path, records: list[dict]) -> None:
-    """Append `records` to the CSV at `path`, first dropping rows of the same or later steps (so that measuring a
-    run again rewrites its rows, without duplicates) and any torn or damaged row."""
+    """Add `records` to the CSV at `path`, which may hold the rows of any number of models: rows of the same source
+    and step are replaced (measuring a checkpoint again rewrites its rows, without duplicates), every other row is
+    kept; a torn or damaged row is dropped with a warning."""
     from normlab.run_dir import read_table, warn
 
-    step = min(r["step"] for r in records)
+    measured = {(str(r["source"]), str(r["step"])) for r in records}
     _, rows, dropped = read_table(path)
     if dropped:
         warn(f"{path}: dropped {dropped} torn or damaged row{'s' * (dropped > 1)}")
-    kept = [row for row in rows if int(row["step"]) < step]
+    kept = [row for row in rows if (row.get("source", ""), row["step"]) not in measured]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
@@ -325,6 +380,7 @@ def read_rows(path: str | Path, parse: Callable[[str, str], object], columns=("s
 
 
 ANGLE_COLUMN_TYPES = {
+    **dict.fromkeys(IDENTITY_COLUMNS, str),  # seed too: empty for a Hugging Face model
     "step": int,
     "layer": int,
     "count": int,
@@ -334,11 +390,20 @@ ANGLE_COLUMN_TYPES = {
     "position": str,
     "histogram": lambda v: [int(c) for c in v.split()],
 }  # any other column: float
+OPTIONAL_COLUMNS = ("sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "null_directions")
+REQUIRED_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in IDENTITY_COLUMNS + OPTIONAL_COLUMNS)  # older files too
+
+
+def parse_angle_value(column: str, value: str):
+    if value == "" and column in OPTIONAL_COLUMNS:
+        return None  # no random-direction null (rotation rows, or null_directions=0)
+    return ANGLE_COLUMN_TYPES.get(column, float)(value)
 
 
 def read_csv(path: str | Path) -> list[dict]:
-    """angles.csv as dicts of numbers (histogram: a list of counts per degree)."""
-    return read_rows(path, lambda column, value: ANGLE_COLUMN_TYPES.get(column, float)(value), CSV_COLUMNS)
+    """angles.csv as dicts of numbers (histogram: a list of counts per degree). Files written before the identity
+    and null columns existed read as well, without them."""
+    return read_rows(path, parse_angle_value, REQUIRED_COLUMNS)
 
 
 # -- normlab-angles (conf/angles.yaml): the same statistics for saved normlab checkpoints and local Hugging Face models
@@ -378,13 +443,16 @@ def loading(what: str):
         raise AnalysisError(f"cannot load {what} ({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def load_checkpoint(path: Path) -> dict:
     """A normlab checkpoint, memory-mapped: its tensors are read from the file when used."""
     return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
 
 
-def load_normlab(path: Path) -> nn.Module:
-    """A normlab model from a checkpoint, full or weights only (its config rides in the checkpoint)."""
+def load_normlab(path: Path, dtype: str = "float32") -> nn.Module:
+    """A normlab model from a checkpoint, full or weights only (its config rides in the checkpoint), in `dtype`."""
     from omegaconf import OmegaConf
 
     from normlab.pipeline import build_model
@@ -393,14 +461,14 @@ def load_normlab(path: Path) -> nn.Module:
     model = build_model(OmegaConf.create(ckpt["hyper_parameters"]["config"]))
     weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(weights)
-    return model
+    return model.to(DTYPES[dtype])
 
 
-def load_hugging_face(path: Path) -> nn.Module:
+def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     with loading(f"the model in {path}"):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # raw weights: nothing folded
+        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])  # raw weights: nothing folded
 
 
 def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> torch.Tensor:
@@ -431,9 +499,15 @@ class Analysis:
 
     path: Path
     layout: str  # a key of LAYOUTS
-    checkpoints: list[tuple[int, Callable[[], nn.Module]]]  # (step, what loads its model), in step order
+    checkpoints: list[tuple[int, Callable[[], nn.Module], dict]]  # (step, what loads its model, identity), by step
     windows: torch.Tensor  # the probe: [sequences, seq_len] token ids
     warnings: list[str]
+
+
+def run_identity(config: dict, source: str) -> dict:
+    """The IDENTITY_COLUMNS of a normlab model, from its run's config."""
+    return {"run": config["run_name"], "model": config["model"]["name"], "norm": config["norm"]["name"],
+            "seed": config["seed"], "source": source}
 
 
 def checked_seq_len(cfg: DictConfig, path: Path, context: int, context_name: str) -> int:
@@ -474,7 +548,9 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
     seq_len = checked_seq_len(cfg, path, getattr(config, context_key), f"{context_key} in config.json")
     probe = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len)
     windows = hf_windows(path, probe, config.vocab_size, seq_len)
-    return Analysis(path, model_type, [(0, partial(load_hugging_face, path))], windows, [])
+    identity = {"run": path.resolve().name, "model": model_type, "norm": "rmsnorm" if model_type == "llama" else
+                "layernorm", "seed": "", "source": str(path.resolve())}
+    return Analysis(path, model_type, [(0, partial(load_hugging_face, path, cfg.get("dtype", "float32")), identity)], windows, [])
 
 
 def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
@@ -505,13 +581,14 @@ def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
             f"no intact checkpoint in {path / 'checkpoints'}: {damaged[0]}{more}; restore them from a "
             "copy, or train the run again"
         )
-    model = OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]).model
-    seq_len = checked_seq_len(cfg, path, model.block_size, "model.block_size")
-    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, model.vocab_size)
+    config = OmegaConf.to_container(OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]))
+    seq_len = checked_seq_len(cfg, path, config["model"]["block_size"], "model.block_size")
+    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, config["model"]["vocab_size"])
     return Analysis(
         path,
         "normlab",
-        [(step, partial(load_normlab, c)) for step, c in sorted(intact)],
+        [(step, partial(load_normlab, c, cfg.get("dtype", "float32")), run_identity(config, str(c.resolve())))
+         for step, c in sorted(intact)],
         windows,
         [f"{reason}: skipped" for reason in damaged],
     )
@@ -525,13 +602,13 @@ def plan(path: Path, cfg: DictConfig) -> Analysis:
     return plan_normlab(path, cfg)
 
 
-def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[dict]:
+def measure_analysis(analysis: Analysis, device: str, batch_size: int, null_directions: int = 0) -> list[dict]:
     """The angle rows of every checkpoint of `analysis`, loading one model at a time."""
     batches = [
         (b.to(device), torch.ones_like(b, dtype=torch.bool, device=device)) for b in analysis.windows.split(batch_size)
     ]
     records = []
-    for step, load in analysis.checkpoints:
+    for step, load, identity in analysis.checkpoints:  # one model in memory at a time
         model = load().to(device).eval()
         if analysis.layout == "normlab":
             d, forward = model.config.n_embd, lambda ids, mask, m=model: m.hidden(ids)
@@ -539,9 +616,21 @@ def measure_analysis(analysis: Analysis, device: str, batch_size: int) -> list[d
             d = model.config.hidden_size
             forward = lambda ids, mask, m=model: m.base_model(input_ids=ids, attention_mask=mask)  # noqa: E731
         progress = tqdm(batches, desc=f"{analysis.path.name} step {step}", unit="batch")
-        records += measure(forward, norm_sites(model, analysis.layout), d, progress, device).records(step)
-        model.cpu()
+        stats = measure(forward, norm_sites(model, analysis.layout), d, progress, device, null_directions)
+        records += stats.records(step, identity)
+        del model, forward
     return records
+
+
+def default_name(path: Path) -> str:
+    """<folder>/<name>.csv of what is measured: a run as <experiment>/<run>.csv, a checkpoint as
+    <experiment>/<run>-<checkpoint>.csv, a Hugging Face model as <its folder>/<model>.csv; rows also carry their source,
+    so that even two inputs of the same name share a file without losing rows."""
+    path = path.resolve()
+    if path.is_file() and path.parent.name == "checkpoints":
+        run = path.parent.parent
+        return f"{run.parent.name}/{run.name}-{path.stem}.csv"
+    return f"{path.parent.name}/{path.stem if path.is_file() else path.name}.csv"
 
 
 def main(cfg: DictConfig) -> None:
@@ -554,14 +643,17 @@ def main(cfg: DictConfig) -> None:
     check_positive("seq_len", cfg.seq_len, "the model's context")
     check_positive("probe.tokens", cfg.probe.tokens, "the whole split")
     check_positive("probe.batch_size", cfg.probe.batch_size)
+    check_positive("probe.null_directions", cfg.probe.null_directions, "none")
+    if cfg.dtype not in DTYPES:
+        raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
     device = device_name(cfg.device)
-    out = Path(str(cfg.out or Path(cfg.paths.output_dir) / "angles" / f"{path.resolve().name}.csv"))
+    out = Path(str(cfg.out or Path(cfg.paths.output_dir) / "angles" / default_name(path)))
     if out.is_dir():
         raise AnalysisError(f"out={out} is a directory: give a file name, e.g. out={out / 'angles.csv'}")
     analysis = plan(path, cfg)  # checked before any model runs
     for warning in analysis.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    records = measure_analysis(analysis, device, cfg.probe.batch_size)
+    records = measure_analysis(analysis, device, cfg.probe.batch_size, cfg.probe.null_directions or 0)
     try:  # written once measured: a failure leaves no partial output
         out.parent.mkdir(parents=True, exist_ok=True)
         append_csv(out, records)

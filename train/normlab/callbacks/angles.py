@@ -6,7 +6,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
-from normlab.angles import CSV_COLUMNS, measure, norm_sites, stat_rows
+from normlab.angles import CSV_COLUMNS, measure, norm_sites, run_identity, stat_rows
 from normlab.data import load_probe
 from normlab.errors import ConfigError
 from normlab.run_dir import RunDirError, RunDirectory, checkpoint_steps, verify, warn
@@ -32,10 +32,14 @@ class AngleCallback(L.Callback):
         dense_until: int,
         sparse_every: int,
         extra_steps=(),
+        null_directions: int = 0,
     ):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"probe.batch_size={batch_size}: give a positive number of sequences")
-        self.batch_size = batch_size
+        if not isinstance(null_directions, int) or isinstance(null_directions, bool) or null_directions < 0:
+            raise ConfigError(f"probe.null_directions={null_directions}: give a whole number of random directions "
+                              "(0: none)")
+        self.batch_size, self.null_directions = batch_size, null_directions
         self.schedule = dict(every=every, dense_until=dense_until, sparse_every=sparse_every, extra=tuple(extra_steps))
         self.steps: set[int] = set()
         self.windows = load_probe(probe_dir, probe_split, probe_tokens, seq_len, vocab_size)
@@ -100,10 +104,11 @@ class AngleCallback(L.Callback):
                 model.config.n_embd,
                 batches,
                 pl_module.device,
+                self.null_directions,
             )
         model.train(was_training)
         if trainer.is_global_zero:
-            records = stats.records(step)
+            records = stats.records(step, run_identity(pl_module.hparams.config, "training"))
             self.run.write_angles(records, list(CSV_COLUMNS))
             if log:
                 self._log_wandb(trainer, records)
