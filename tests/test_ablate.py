@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import compose_config, run_cli
-from normlab.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, norm_kind
+from normlab.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind
 from normlab.angles import AnalysisError, NormSite, norm_sites
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm
@@ -123,14 +123,14 @@ def test_a_norm_of_unknown_class_is_refused_in_one_line():
 # -- Hugging Face models, built from their configs (no downloads)
 
 
-def tiny_hf(model_type: str, planted: float):
+def tiny_hf(model_type: str, planted: float, vocab: int = VOCAB):
     """Tiny GPT-2 (LayerNorm) or Llama (RMSNorm) whose residual writes are orthogonal to 1, plus `planted` 1 in every
     token embedding."""
     transformers = pytest.importorskip("transformers")
     if model_type == "gpt2":
-        config = transformers.GPT2Config(vocab_size=VOCAB, n_layer=2, n_head=4, n_embd=32, n_positions=64)
+        config = transformers.GPT2Config(vocab_size=vocab, n_layer=2, n_head=4, n_embd=32, n_positions=64)
     else:
-        config = transformers.LlamaConfig(vocab_size=VOCAB, num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
+        config = transformers.LlamaConfig(vocab_size=vocab, num_hidden_layers=2, num_attention_heads=4, hidden_size=32,
                                           intermediate_size=64, max_position_embeddings=64, tie_word_embeddings=False)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
@@ -165,6 +165,22 @@ def test_hugging_face_gpt2_and_llama(model_type):
     assert every["share_along_1"] > 0.99 and every["delta"] > 0.05 and every["ci_low"] > 0, every
 
 
+# -- the command
+
+
+def test_a_hugging_face_directory_measured_by_main(prepared, tmp_path, capsys):
+    tiny_hf("gpt2", planted=0.0, vocab=50257).save_pretrained(tmp_path / "tiny-gpt2")  # no tokenizer: GPT-2 ids
+    main(compose_config("ablate", [f"model_path={tmp_path / 'tiny-gpt2'}", "probe.tokens=256", "seq_len=32",
+                                   "bootstrap=50", f"paths.output_dir={tmp_path}"]))
+    out = tmp_path / "ablation" / "tiny-gpt2.csv"
+    assert capsys.readouterr().out.endswith(f"wrote {out} (6 rows, 8 windows, 248 scored tokens)\n")
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["run"], r["model"], r["norm"], r["seed"], r["step"], r["ablation"], r["source"]) for r in rows} == {
+        ("tiny-gpt2", "gpt2", "layernorm", "", "0", "uncentred", str(tmp_path / "tiny-gpt2"))}
+    assert all(abs(float(r["delta"])) < 1e-5 for r in rows)  # its residual writes are orthogonal to 1
+
+
 # -- the command, end to end
 
 
@@ -184,7 +200,7 @@ def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     assert "warning: " in result.stderr and "last.ckpt holds 4 bytes" in result.stderr
     summary, wrote = result.stdout.strip().splitlines()[-2:]
-    assert summary.startswith("run step 3 (rmsnorm_bias), inputs centred: at every norm ")
+    assert summary.startswith("run step 3 (rmsnorm_bias), inputs centred: delta at all norms ")
     assert wrote == "wrote run/ablation.csv (6 rows, 10 windows, 310 scored tokens)"
     with open(tmp_path / "run" / "ablation.csv", newline="") as f:
         reader = csv.DictReader(f)

@@ -267,7 +267,7 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
     if not (path / "config.json").is_file():
         return plan_normlab(path, cfg)
     analysis = plan_hugging_face(path, cfg)
-    ((_, load),) = analysis.checkpoints
+    load = analysis.checkpoints[0][1]  # (step, what loads the model, ...)
     name = path.resolve().name
     names = {"run": name, "model": analysis.layout, "norm": None, "seed": "", "step": 0, "source": str(path)}
     out = Path(cfg.paths.output_dir) / "ablation" / f"{name}.csv"
@@ -290,7 +290,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def interval(row: dict) -> str:
-    return f"{row['delta']:+.4f} nats/token [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}]"
+    return f"{row['delta']:+.3g} [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
 
 
 def summary(rows: list[dict]) -> str:
@@ -298,9 +298,9 @@ def summary(rows: list[dict]) -> str:
     every = next(r for r in rows if r["site"] == "all")
     top = max((r for r in rows if r["site"] != "all"), key=lambda r: abs(r["delta"]))
     what = "mean subtraction removed" if every["ablation"] == "uncentred" else "inputs centred"
-    return (f"{every['run']} step {every['step']} ({every['norm']}), {what}: at every norm {interval(every)}; "
-            f"largest alone {top['site']} {interval(top)}, share along 1 {top['share_along_1']:.3g} "
-            f"(null 1/d = {1 / top['d']:.3g})")
+    return (f"{every['run']} step {every['step']} ({every['norm']}), {what}: delta at all norms {interval(every)} "
+            f"nats/token; largest alone {top['site']} {interval(top)} (share along 1 {top['share_along_1']:.2g}, "
+            f"null 1/d {1 / top['d']:.2g})")
 
 
 def main(cfg: DictConfig) -> None:
@@ -327,6 +327,9 @@ def main(cfg: DictConfig) -> None:
     out = Path(str(cfg.out)) if cfg.out is not None else subject.out
     for warning in subject.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
+    from normlab.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as normlab-train does: each forward allocates the same large logits again
     model = subject.load()
     names = subject.names
     rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,
