@@ -172,12 +172,12 @@ def test_a_hugging_face_directory_measured_by_main(prepared, tmp_path, capsys):
     tiny_hf("gpt2", planted=0.0, vocab=50257).save_pretrained(tmp_path / "tiny-gpt2")  # no tokenizer: GPT-2 ids
     main(compose_config("ablate", [f"model_path={tmp_path / 'tiny-gpt2'}", "probe.tokens=256", "seq_len=32",
                                    "bootstrap=50", f"paths.output_dir={tmp_path}"]))
-    out = tmp_path / "ablation" / "tiny-gpt2.csv"
+    out = tmp_path / "ablation" / tmp_path.name / "tiny-gpt2.csv"  # <folder>/<model>.csv
     assert capsys.readouterr().out.endswith(f"wrote {out} (6 rows, 8 windows, 248 scored tokens)\n")
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["run"], r["model"], r["norm"], r["seed"], r["step"], r["ablation"], r["source"]) for r in rows} == {
-        ("tiny-gpt2", "gpt2", "layernorm", "", "0", "uncentred", str(tmp_path / "tiny-gpt2"))}
+        ("tiny-gpt2", "gpt2", "layernorm", "", "0", "uncentred", str((tmp_path / "tiny-gpt2").resolve()))}
     assert all(abs(float(r["delta"])) < 1e-5 for r in rows)  # its residual writes are orthogonal to 1
 
 
@@ -212,7 +212,8 @@ def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_pat
     assert (first["run"], first["model"], first["norm"], first["seed"], first["step"], first["layer"], first["role"],
             first["ablation"], first["windows"], first["tokens"], first["d"]) == (
         "run", "tiny", "rmsnorm_bias", "0", "3", "0", "attn_norm", "centred", "10", "310", "32")
-    assert first["source"] == "run/checkpoints/step-0000003.ckpt" and rows[-1]["layer"] == rows[-1]["role"] == ""
+    assert first["source"] == str((checkpoints / "step-0000003.ckpt").resolve())
+    assert rows[-1]["layer"] == rows[-1]["role"] == ""
     for r in rows:
         assert float(r["ci_low"]) <= float(r["delta"]) <= float(r["ci_high"])
         assert float(r["ablated_loss"]) - float(r["loss"]) == pytest.approx(float(r["delta"]), abs=1e-9)

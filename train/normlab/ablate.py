@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,15 +28,18 @@ from tqdm import tqdm
 
 from normlab import norms
 from normlab.angles import (
+    DTYPES,
     AnalysisError,
     NormSite,
     check_positive,
     checked_seq_len,
+    default_name,
     device_name,
     load_checkpoint,
     load_normlab,
     norm_sites,
     plan_hugging_face,
+    run_identity,
 )
 
 CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
@@ -203,7 +207,7 @@ class Subject:
     layout: str  # a key of angles.LAYOUTS
     load: Callable[[], nn.Module]
     windows: torch.Tensor  # the probe: [windows, seq_len] token ids
-    names: dict  # run, model, norm (None for Hugging Face: from its norms), seed, step, source
+    names: dict  # run, model, norm, seed, step, source
     out: Path  # where the CSV goes unless out= says otherwise
     warnings: list[str] = field(default_factory=list)
 
@@ -243,22 +247,20 @@ def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
 
     if path.is_dir():
         step, checkpoint, warnings = newest_checkpoint(path)
-        run = path.resolve().name
         out = path / "ablation.csv"
     else:
         try:
             step, checkpoint, warnings = verify(path).step, path, []
         except RunDirError as e:
             raise AnalysisError(f"{e}: give another checkpoint of the run, or the run directory") from None
-        resolved = path.resolve()
-        run = resolved.parent.parent.name if resolved.parent.name == "checkpoints" else resolved.stem
-        out = Path(cfg.paths.output_dir) / "ablation" / f"{run}-{resolved.stem}.csv"
-    config = OmegaConf.create(load_checkpoint(checkpoint)["hyper_parameters"]["config"])
-    seq_len = checked_seq_len(cfg, path, config.model.block_size, "model.block_size")
-    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, config.model.vocab_size)
-    names = {"run": run, "model": config.model.name, "norm": config.norm.name, "seed": config.seed, "step": step,
-             "source": str(checkpoint)}
-    return Subject("normlab", lambda: load_normlab(checkpoint), windows, names, out, warnings)
+        out = Path(cfg.paths.output_dir) / "ablation" / default_name(path)
+    config = OmegaConf.to_container(OmegaConf.create(load_checkpoint(checkpoint)["hyper_parameters"]["config"]))
+    seq_len = checked_seq_len(cfg, path, config["model"]["block_size"], "model.block_size")
+    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, config["model"]["vocab_size"])
+    checkpoint = checkpoint.resolve()
+    run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else config["run_name"]
+    names = {**run_identity(config, str(checkpoint)), "run": run, "step": step}  # run: the directory's name
+    return Subject("normlab", partial(load_normlab, checkpoint, cfg.dtype), windows, names, out, warnings)
 
 
 def plan(path: Path, cfg: DictConfig) -> Subject:
@@ -267,11 +269,9 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
     if not (path / "config.json").is_file():
         return plan_normlab(path, cfg)
     analysis = plan_hugging_face(path, cfg)
-    load = analysis.checkpoints[0][1]  # (step, what loads the model, ...)
-    name = path.resolve().name
-    names = {"run": name, "model": analysis.layout, "norm": None, "seed": "", "step": 0, "source": str(path)}
-    out = Path(cfg.paths.output_dir) / "ablation" / f"{name}.csv"
-    return Subject(analysis.layout, load, analysis.windows, names, out)
+    ((step, load, identity),) = analysis.checkpoints
+    out = Path(cfg.paths.output_dir) / "ablation" / default_name(path)
+    return Subject(analysis.layout, load, analysis.windows, {**identity, "step": step}, out)
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -318,6 +318,8 @@ def main(cfg: DictConfig) -> None:
     check_positive("bootstrap", cfg.bootstrap)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise AnalysisError(f"seed={cfg.seed}: give a whole number >= 0 (it seeds the bootstrap)")
+    if cfg.dtype not in DTYPES:
+        raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
     device = device_name(cfg.device)
     if cfg.out is not None and (given := Path(str(cfg.out))).is_dir():
         raise AnalysisError(f"out={given} is a directory: give a file name, e.g. out={given / 'ablation.csv'}")
@@ -334,7 +336,6 @@ def main(cfg: DictConfig) -> None:
     names = subject.names
     rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,
                          device, desc=f"{names['run']} step {names['step']}")
-    names["norm"] = names["norm"] or next(k for k, v in ABLATIONS.items() if v == rows[0]["ablation"])
     rows = [{**names, **row} for row in rows]
     if not all(math.isfinite(r["delta"]) for r in rows):
         print("warning: some ablated losses are not finite (inf or nan in the CSV)", file=sys.stderr, flush=True)
