@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from conftest import run_cli
-from normlab.angles import LAYOUTS, POSITIONS, AngleProbe, NormSite, measure, norm_sites, read_csv
+from normlab.angles import (
+    LAYOUTS, POSITIONS, AngleProbe, NormSite, measure, norm_sites, random_directions, read_csv,
+)
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm
 
@@ -41,6 +43,34 @@ def test_random_gaussian_vectors_match_the_null_model():
         histogram = [int(c) for c in r["histogram"].split()]
         assert len(histogram) == 180 and sum(histogram) == n
         assert sum(histogram[int(90 - null_std) : int(90 + null_std) + 1]) > 0.6 * n  # one std either side
+
+
+def test_the_percentile_null_places_the_mean_angle_to_1_among_random_directions():
+    """Against a float64 recomputation with the same seeded directions; a component planted along 1 puts 1 at the
+    0th percentile (its mean angle is smaller than every random direction's); masked tokens are left out."""
+    d, directions = 32, 50
+    module, sites = identity_probe(d)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 20, d, generator=gen) * torch.linspace(0.2, 3, d)  # anisotropic: random means spread
+    mask = torch.rand(6, 20, generator=gen) > 0.2
+    for planted in (0.0, 2.0):
+        inputs = x + planted
+        stats = measure(lambda ids, m: module(ids), sites, d, [(inputs, mask)], null_directions=directions)
+        for position, selected in (("all", mask), ("first", mask & (torch.arange(20) == 0)),
+                                   ("rest", mask & (torch.arange(20) > 0))):
+            v = inputs[selected].double()
+            random_means = torch.rad2deg(torch.acos((v @ random_directions(directions, d).T) / v.norm(dim=1)[:, None]))
+            random_means = random_means.mean(0)
+            r = records_of(stats, position=position)["uniform"]
+            assert r["null_directions"] == directions
+            assert r["null_random_mean_deg"] == pytest.approx(random_means.mean().item(), abs=1e-4)
+            assert r["null_random_std_deg"] == pytest.approx(random_means.std().item(), abs=1e-4)
+            assert r["null_percentile"] == pytest.approx(100 * (random_means < r["mean_deg"]).double().mean().item())
+            assert r["sem_deg"] == pytest.approx(r["std_deg"] / math.sqrt(r["count"]))
+        if planted:
+            assert records_of(stats)["uniform"]["null_percentile"] == 0
+    rotation = [r for r in stats.records(0) if r["site"].endswith(".rotation")]
+    assert rotation and all(r["null_percentile"] == "" for r in rotation)  # no null for the input-output angle
 
 
 @pytest.mark.parametrize("t", [0.0, 0.1, 1.0, -2.0])

@@ -21,7 +21,7 @@ NORMS = ("layernorm", "rmsnorm")
 
 
 # The run directories' tag: the FAST_TRAIN overrides (last key parts, sorted by key), cut short, and a hash of them all
-TAG = "-dense_until=4,every=2,sparse_every=6,batch_size=2,v-b55e9e65"
+TAG = "-dense_until=4,every=2,sparse_every=6,batch_size=2,v-374915db"
 
 
 @pytest.fixture(scope="session")
@@ -131,7 +131,14 @@ def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_che
     ln_out = [r for r in at_0 if r["site"] == "attn_norm.output" and r["reference"] == "uniform"]
     if norm == "layernorm":  # at step 0 gamma = 1, beta = 0: LN's output is orthogonal to 1 by construction
         assert all(abs(r["mean_deg"] - 90) < 1e-3 and r["std_deg"] < 1e-3 for r in ln_out)
+    assert {r["count"] for r in at_0 if r["position"] == "rest"} == {probe_tokens - probe_tokens // 128}
     assert all(r["null_std_deg"] == pytest.approx(math.degrees(1 / 8)) for r in rows)  # d = 64
+    config = OmegaConf.load(run / "config.yaml")
+    assert {(r["run"], r["model"], r["norm"], r["seed"], r["source"]) for r in rows} == {
+        (run.name, "tiny", norm, "0", "training")}
+    angles = [r for r in rows if not r["site"].endswith(".rotation")]
+    assert {r["null_directions"] for r in angles} == {config.probe.null_directions}  # 8 random directions
+    assert all(0 <= r["null_percentile"] <= 100 and r["null_random_std_deg"] > 0 for r in angles)
 
 
 def test_lr_schedule_warms_up_linearly_then_decays_to_ten_percent():
@@ -269,18 +276,18 @@ def _read_or_end(fd: int) -> bytes:
 def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path):
     result = run_cli("normlab-report", f"runs={sweep}", f"out={tmp_path}")
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "loss.png").stat().st_size > 10_000
     summary = (tmp_path / "summary.md").read_text()
-    assert "tiny layernorm seed 0" in summary and "tiny rmsnorm seed 0" in summary
+    for norm in NORMS:
+        for seed in (0, 1):
+            assert f"| tiny-{norm}-seed{seed}{TAG} | {norm} | {seed} |" in summary
     assert "| 6,541,184 |" in summary and "| 6,540,864 |" in summary  # LN has (2L+1) d = 5 x 64 more
-    for figure in (
-        "angles_by_layer_tiny.png",
-        f"angles_training_tiny-layernorm-seed0{TAG}.png",
-        f"angles_training_tiny-rmsnorm-seed0{TAG}.png",
-    ):
-        assert (tmp_path / figure).stat().st_size > 10_000 and f"({figure})" in summary
-    assert "angle to 1 before the norms" in summary
-    assert "| tiny layernorm | 2 |" in summary and "| tiny rmsnorm | 2 |" in summary  # mean ± std over the 2 seeds
+    for figure in ("loss_tiny", "loss_difference_tiny", "angles_by_layer_tiny", "references_tiny",
+                   "angles_training_tiny"):
+        assert (tmp_path / f"{figure}.png").stat().st_size > 10_000 and f"({figure}.png)" in summary
+        assert (tmp_path / f"{figure}.pdf").is_file()
+    assert "Angle to 1 at the norm inputs, per layer" in summary
+    assert "| rmsnorm − layernorm (the bias differs too) | 2 (0, 1) |" in summary  # paired by seed over the 2 seeds
+    assert "| tiny† | rmsnorm | 2 | 6 | vs layernorm: " in summary
 
 
 def test_sweep_ran_every_norm_and_seed_with_its_own_initialisation(sweep):
