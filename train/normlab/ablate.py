@@ -122,9 +122,9 @@ class ShareAlong1:
 
 def window_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """[B]: the mean next-token loss (nats) of each window, computed in float32."""
-    targets = ids[:, 1:]
-    loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), targets.flatten(), reduction="none")
-    return loss.view_as(targets).double().mean(1)
+    targets = F.pad(ids[:, 1:], (0, 1), value=-100)  # the last position has no next token: ignored (no logits copy)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none", ignore_index=-100)
+    return loss.view_as(targets)[:, :-1].double().mean(1)
 
 
 @torch.no_grad()
