@@ -14,10 +14,10 @@ from normlab.report import Interval, find_runs, group_runs, main, norm_variant, 
 from omegaconf import OmegaConf
 
 N_LAYER, D, COUNT = 2, 64, 10_000
-OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg", "max_deg",
-               "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d", "histogram"]  # angles.csv before the null
-NEW_COLUMNS = ["run", "model", "norm", "seed", "source", *OLD_COLUMNS, "sem_deg", "null_percentile",  # directions
-               "null_random_mean_deg", "null_random_std_deg", "null_directions"]
+OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg",
+               "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg", "d", "histogram"]  # angles.csv
+NEW_COLUMNS = ["run", "model", "norm", "seed", "source", *OLD_COLUMNS, "sem_deg", "null_percentile",  # and with the
+               "null_random_mean_deg", "null_random_std_deg", "null_directions"]  # null over random directions
 SINGLE_NULL_SD = math.degrees(1 / math.sqrt(D))  # 7.16 degrees
 ABLATION_COLUMNS = ["run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
                     "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "share_along_1", "d"]
@@ -83,10 +83,11 @@ def make_run(root: Path, name: str, norm: str = "layernorm", seed: int = 0, loss
 
 
 def write_ablation(run_dir: Path, delta: float, low: float, high: float) -> None:
-    rows = [{"site": "attn_norm.input", "layer": 0, "role": "attn_norm", "delta": delta / 2, "ci_low": low / 2,
+    """ablation.csv as normlab-ablate writes it for an RMS run: its inputs centred at one norm, and at all."""
+    rows = [{"site": "layer00.attn_norm", "layer": 0, "role": "attn_norm", "delta": delta / 2, "ci_low": low / 2,
              "ci_high": high / 2},
             {"site": "all", "layer": "", "role": "", "delta": delta, "ci_low": low, "ci_high": high}]
-    write_csv(run_dir / "ablation.csv", [{"step": 10, "ablation": "", **r} for r in rows], ABLATION_COLUMNS)
+    write_csv(run_dir / "ablation.csv", [{"step": 10, "ablation": "centred", **r} for r in rows], ABLATION_COLUMNS)
 
 
 def report(*args: str) -> None:
@@ -129,14 +130,16 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     summary = (tmp_path / "out/summary.md").read_text()
     # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248
     assert "| tiny† | rmsnorm | 3 | 10 | vs layernorm: +0.0200 [-0.0048, +0.0448], 3 pairs, includes 0 |" in summary
-    assert "| rmsnorm − layernorm (the bias differs too) | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | +0.0200 " in summary
+    assert ("| rmsnorm − layernorm (the bias differs too) | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | +0.0200 "
+            "| 0.0100 | [-0.0048, +0.0448] | no |") in summary
     assert "| tiny-rmsnorm-seed3 | rmsnorm | 3 |" in summary and "| 6 of 10 |" in summary
     assert "**unfinished: step 6 of 10: left out**" in summary
     assert "tiny-layernorm-seed3 | layernorm | 3 |" in summary and "no run of the other norm with its seed" in summary
     assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
     assert "9.9" not in summary
     # the final norm's input at 91 degrees: 1 / (7.16 / sqrt(10000)) = +14.0 null sds of independent tokens (‡)
-    assert "| +14.0 (final, 91.00°)‡ | 0.0500 (final; null 1/d = 0.0156) | +0.0123 [+0.0100, +0.0146]; 2 run" in summary
+    assert ("| +14.0 (final, 91.00°)‡ | 0.0500 (final; null 1/d = 0.0156) | centred: +0.0123 [+0.0100, +0.0146]; "
+            "2 runs not ablated |") in summary
     assert f"not run (normlab-ablate model_path={sweep / 'tiny-layernorm-seed0'})" in summary
     assert "‡ null sd of a mean over independent tokens" in summary and "† demo scale: not evidence" in summary
     assert "every reader of the residual stream is a norm layer" in summary

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.angles import REFERENCES, AnalysisError, DamagedTable, read_rows
 from normlab.paths import identifies_the_run
+from normlab.run_dir import flat
 
 DPI = 300  # print resolution of the PNG files (the PDF files are vector graphics)
 DEMO_MODELS = ("tiny",)
@@ -40,7 +41,8 @@ NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red", "layernorm_nobias"
                "rmsnorm_bias": "tab:orange"}
 OTHER_COLORS = ("tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 NORM_MARKERS = {"layernorm": "o", "rmsnorm": "s", "layernorm_nobias": "^", "rmsnorm_bias": "D"}
-REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random a~ (norm √d)", "random_b": "random b~ (norm √d/2)"}
+REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random a~ (norm √d)",
+                    "random_b": "random b~ (norm √d/2)"}
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 ROLE_ORDER = {"attn_norm": 0, "mlp_norm": 1, "final_norm": 2}
@@ -275,16 +277,6 @@ VARIANT_KEYS = ("name", "centred", "bias", "_target_")  # below norm: what tells
 PAIRING_KEYS = ("seed", "data.seed")
 
 
-def flat(config: dict, prefix: str = "") -> dict:
-    items = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            items.update(flat(value, f"{prefix}{key}."))
-        else:
-            items[f"{prefix}{key}"] = value
-    return items
-
-
 def comparison_settings(config: dict) -> dict:
     """What shapes a run's result besides its norm variant and seed: the resolved config less the settings that
     only name, place, log or speed up a run (paths.NOT_IDENTITY: experiment and run names, paths, loggers, devices,
@@ -323,8 +315,8 @@ class Comparison:
         return [u.final_val_loss - c.final_val_loss for c, u in self.pairs]
 
     @property
-    def interval(self) -> Interval | None:
-        return Interval.of(self.differences) if self.pairs else None
+    def interval(self) -> Interval:
+        return Interval.of(self.differences)
 
 
 @dataclass
@@ -362,7 +354,8 @@ class Group:
 
     def series_of(self, variant: Variant) -> Series:
         runs = self.compared(variant)
-        return Series(variant.name, [r.angles for r in runs], [r.ablation for r in runs], [f"seed {r.seed}" for r in runs])
+        return Series(variant.name, [r.angles for r in runs], [r.ablation for r in runs],
+                      [f"seed {r.seed}" for r in runs])
 
     def series(self) -> list[Series]:
         return [self.series_of(v) for v in self.variants() if self.compared(v)]
@@ -377,7 +370,8 @@ class Group:
             if run.unfinished:
                 run.left_out = f"{run.unfinished}: left out"
             elif run.pairing in cell:
-                run.left_out = f"same settings, centring, bias and seed as {cell[run.pairing].name}: a replicate, left out"
+                run.left_out = (f"same settings, centring, bias and seed as {cell[run.pairing].name}: a replicate, "
+                                "left out")
             else:
                 cell[run.pairing] = run
         matched = [((True, bias), (False, bias), bias) for bias in (True, False)
@@ -405,7 +399,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         by_settings.setdefault(key, Group(settings, [])).runs.append(run)
     groups = sorted(by_settings.values(), key=lambda g: (g.model, g.runs[0].name))
     for group in groups:
-        others = [g.settings for g in groups if g is not group]
+        others = [g.settings for g in groups if g is not group and g.model == group.model]  # the title names it
         differing = sorted(
             {k for o in others for k in group.settings.keys() | o.keys() if group.settings.get(k) != o.get(k)},
             key=lambda k: (k.startswith("callbacks."), k),  # callbacks last: mostly copies of other settings
@@ -475,6 +469,9 @@ def load_pretrained(paths: list[Path]) -> list[Pretrained]:
 
 
 def site_key(row: dict) -> tuple[int, str]:
+    """(layer, role) of an angles or ablation row: (1, "mlp_norm"); the ablation of every norm at once: (-1, "all")."""
+    if row["site"] == "all":
+        return -1, "all"
     role = row.get("role") or row["site"].split(".")[0]
     return row.get("layer") if row.get("layer") is not None else -1, role
 
@@ -614,8 +611,9 @@ def plot_angles_by_layer(title: str, series: list[Series], out: Path, name: str)
             xs = [keys.index(k) for k in points]
             null_bands(ax, xs, list(points.values()), norm_color(s.norm, norms), s.norm)
             ax.errorbar([x + dx for x in xs], [p.mean for p in points.values()],
-                        yerr=[p.token_sd for p in points.values()], fmt=NORM_MARKERS.get(s.norm, "o"), ms=3, capsize=1.5,
-                        lw=0.8, color=norm_color(s.norm, norms), label=f"{s.norm} ({runs_text(len(s.angles))})")
+                        yerr=[p.token_sd for p in points.values()], fmt=NORM_MARKERS.get(s.norm, "o"), ms=3,
+                        capsize=1.5, lw=0.8, color=norm_color(s.norm, norms),
+                        label=f"{s.norm} ({runs_text(len(s.angles))})")
         ax.set_title(f"angle to 1 at the {io_label}")
         site_axis(ax, keys)
     axes[0].set_ylabel("angle (degrees): mean, ± std over tokens")
@@ -719,7 +717,7 @@ def plot_losses(group: Group, out: Path, name: str) -> str:
     window, seeds = 10, sorted({r.seed for r in group.runs})
     for run in group.runs:
         color, style = norm_color(run.variant.name, norms), ("-", "--", ":", "-.")[seeds.index(run.seed) % 4]
-        label = f"{run.variant.name} seed {run.seed}" + (f" ({run.left_out.split(':')[0]})" if run.left_out else "")
+        label = f"{run.variant.name} seed {run.seed}" + (" (left out)" if run.left_out else "")
         if run.metrics.get("train/loss"):
             steps, losses = zip(*run.metrics["train/loss"])
             window = max(10, len(losses) // 200)
@@ -740,7 +738,7 @@ def plot_losses(group: Group, out: Path, name: str) -> str:
 
 def plot_loss_differences(group: Group, out: Path, name: str) -> str | None:
     """Per comparison: each seed's paired difference of final validation loss, their mean and its 95% CI."""
-    comparisons = [c for c in group.comparisons if c.pairs]
+    comparisons = group.comparisons
     if not comparisons:
         return None
     fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons), 3.4), layout="constrained")
@@ -776,22 +774,22 @@ def plot_ablation(title: str, series: list[Series], out: Path, name: str) -> str
     if not drawn:
         return None
     norms = [s.norm for s in series]
-    keys = sorted({site_key(r) if r["site"] != "all" else (-1, "all") for *_, rows in drawn for r in rows},
-                  key=site_sort)
+    keys = sorted({site_key(r) for *_, rows in drawn for r in rows}, key=site_sort)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(keys) * len(drawn) ** 0.5 + 2), 3.6), layout="constrained")
     for (s, label, kind, rows), dx in zip(drawn, offsets(len(drawn))):
-        rows = sorted(rows, key=lambda r: site_sort(site_key(r) if r["site"] != "all" else (-1, "all")))
-        xs = [keys.index(site_key(r) if r["site"] != "all" else (-1, "all")) + dx for r in rows]
+        rows = sorted(rows, key=lambda r: site_sort(site_key(r)))
         deltas = [r["delta"] for r in rows]
-        errors = [[d - (r.get("ci_low") if r.get("ci_low") is not None else d) for d, r in zip(deltas, rows)],
-                  [(r.get("ci_high") if r.get("ci_high") is not None else d) - d for d, r in zip(deltas, rows)]]
-        ax.errorbar(xs, deltas, yerr=errors, fmt=NORM_MARKERS.get(s.norm, "o"), ms=3, capsize=1.5, lw=0.8,
-                    color=norm_color(s.norm, norms), label=" ".join(filter(None, (s.norm, label, kind))))
+        lows = [r["ci_low"] if r.get("ci_low") is not None else r["delta"] for r in rows]
+        highs = [r["ci_high"] if r.get("ci_high") is not None else r["delta"] for r in rows]
+        errors = [[d - low for d, low in zip(deltas, lows)], [high - d for d, high in zip(deltas, highs)]]
+        ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors,
+                    fmt=NORM_MARKERS.get(s.norm, "o"), ms=3, capsize=1.5, lw=0.8, color=norm_color(s.norm, norms),
+                    label=" ".join(filter(None, (s.norm, label, kind))))
     ax.axhline(0, color="black", lw=0.6)
     site_axis(ax, keys)
-    ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% CI)")
+    ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
     legend_below(fig, [ax])
-    ax.set_title(f"{title}: the component along 1 ablated at each norm input")
+    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added), each norm alone and all")
     return save(fig, out, name)
 
 
@@ -849,8 +847,8 @@ def layer_table(series: list[Series]) -> str:
     keys = sorted({k for _, p in profiles for k in p}, key=site_sort)
     header = ["norm input"]
     for s, p in profiles:
-        header += [f"{s.norm}: angle to 1 (step {step_text([p])}, {runs_text(len(s.angles))})", "(angle − 90) / null sd",
-                   "share along 1"]
+        header += [f"{s.norm}: angle to 1 (step {step_text([p])}, {runs_text(len(s.angles))})",
+                   "(angle − 90) / null sd", "share along 1"]
     lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
     for key in keys:
         cells = [site_tick(key)]
@@ -888,7 +886,7 @@ def ablation_cell(series: Series, command: str) -> str:
             cells.append(f"{prefix}{statistics.fmean(deltas):+.4f} (mean of {len(deltas)} seeds, "
                          f"{min(deltas):+.4f}..{max(deltas):+.4f})")
     missing = sum(1 for rows in series.ablations if not rows)
-    return "; ".join(cells) + (f"; {missing} run(s) not ablated" if missing > 0 else "")
+    return "; ".join(cells) + (f"; {runs_text(missing)} not ablated" if missing > 0 else "")
 
 
 def angle_cells(series: Series) -> tuple[str, str, bool]:
@@ -906,7 +904,8 @@ def angle_cells(series: Series) -> tuple[str, str, bool]:
 
 VERDICT_HEADER = ("| model | norm | runs | step | val loss RMS − LN: uncentred − centred, mean [95% CI] | largest "
                   "(mean angle to 1 − 90°) / null sd, at the norm inputs | largest share of ‖x‖² along 1 at the norm "
-                  "inputs | ablation Δ loss, all norm inputs [95% CI] |\n|---|---|---:|---:|---|---|---|---|")
+                  "inputs | ablation: Δ loss with the centring removed (LN) or added (RMS) at every norm [95% CI] |\n"
+                  "|---|---|---:|---:|---|---|---|---|")
 
 
 def loss_text(interval: Interval) -> str:
@@ -935,7 +934,8 @@ def verdict_rows(group: Group) -> list[str]:
                     f"{deviation} | {share} | {ablation} |")
     left_out = [r for r in group.runs if r.left_out]
     if not rows and left_out:
-        rows.append(f"| {model} | — | 0 | — | nothing compared: {len(left_out)} run(s) left out (see below) | | | |")
+        rows.append(f"| {model} | — | 0 | — | nothing compared: {runs_text(len(left_out))} left out (see below) "
+                    "| | | |")
     return rows
 
 
@@ -959,8 +959,8 @@ squared norm lies along 1, which is what LayerNorm's mean subtraction removes (a
 pre-norm model every reader of the residual stream is a norm layer, so in an LN model the component along 1 is
 removed before anything reads it: the loss cannot see it, and an LN model's orthogonality to 1 is partly by
 construction; the RMS model is the informative one (if its inputs are as orthogonal to 1 as random directions, there
-is nothing for the mean subtraction to remove), and the ablation asks the trained model directly: Δ loss when the
-component along 1 is removed at every norm input (≈ 0: the model does not use it).
+is nothing for the mean subtraction to remove), and the ablation asks the trained model directly: Δ loss when LN's
+mean subtraction is removed, or RMS's inputs are centred, at every norm (≈ 0: the centring does no work there).
 """
 
 
@@ -981,7 +981,8 @@ def group_section(group: Group, parameters: dict) -> str:
     text = [f"## {group.title}\n"]
     if group.model in DEMO_MODELS:
         text.append(f"*{DEMO_NOTE}.*\n")
-    text += ["### Runs\n", runs_table(group, parameters), "### Final validation loss, paired by seed\n", comparison_table(group)]
+    text += ["### Runs\n", runs_table(group, parameters), "### Final validation loss, paired by seed\n",
+             comparison_table(group)]
     if table := layer_table(group.series()):
         text += ["### Angle to 1 at the norm inputs, per layer (mean over seeds ± their sd)\n", table]
     return "\n".join(text)
