@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import sys
+import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -274,6 +275,15 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
     return Subject(analysis.layout, load, analysis.windows, {**identity, "step": step}, out)
 
 
+def check_writable(path: Path) -> None:
+    """Before anything is measured: the nearest existing folder of `path` takes a new file."""
+    existing = next(p for p in path.absolute().parents if p.exists())
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as e:
+        raise AnalysisError(f"cannot write {path} ({existing}: {e.strerror}): give a writable out=") from None
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     """All at once: a temporary file renamed over `path`."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -327,6 +337,7 @@ def main(cfg: DictConfig) -> None:
     if len(subject.windows) == 0:
         raise AnalysisError(f"the probe holds no window of {cfg.seq_len} tokens for {path}: give a smaller seq_len")
     out = Path(str(cfg.out)) if cfg.out is not None else subject.out
+    check_writable(out)
     for warning in subject.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     from normlab.runtime import keep_freed_memory
@@ -352,4 +363,5 @@ class OneModelPerOut(Callback):
 
         if config.out is not None and "model_path" in swept(config.hydra.overrides.task):
             fail("out= names one CSV file, but model_path is swept: give one model_path with it, or leave out out= "
-                 "(a run directory gets <run>/ablation.csv, any other model <paths.output_dir>/ablation/<name>.csv)")
+                 "(a run directory gets <run>/ablation.csv, any other model a CSV of its own under "
+                 "<paths.output_dir>/ablation/)")
