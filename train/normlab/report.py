@@ -744,13 +744,13 @@ def plot_loss_differences(group: Group, out: Path, name: str) -> str | None:
     fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons), 3.4), layout="constrained")
     for x, comparison in enumerate(comparisons):
         differences, interval = comparison.differences, comparison.interval
-        xs = [x + dx for dx in offsets(len(differences))]
+        xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
         ax.plot(xs, differences, "o", ms=3, color="tab:gray", label="one seed's pair" if x == 0 else None)
         for xi, (centred, _), value in zip(xs, comparison.pairs, differences):
             ax.annotate(f"{centred.seed}", (xi, value), fontsize=5, xytext=(2, 2), textcoords="offset points")
         low, high = (interval.low, interval.high) if interval.low is not None else (interval.mean, interval.mean)
-        ax.errorbar([x], [interval.mean], yerr=[[interval.mean - low], [high - interval.mean]], fmt="D", ms=4,
-                    capsize=4, color="black", label="mean, 95% CI (t)" if x == 0 else None)
+        ax.errorbar([x + 0.15], [interval.mean], yerr=[[interval.mean - low], [high - interval.mean]], fmt="D",
+                    ms=4, capsize=4, color="black", label="mean, 95% CI (t)" if x == 0 else None)
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(comparisons)), [c.label.replace(" (", "\n(") for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
@@ -789,7 +789,7 @@ def plot_ablation(title: str, series: list[Series], out: Path, name: str) -> str
     site_axis(ax, keys)
     ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
     legend_below(fig, [ax])
-    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added), each norm alone and all")
+    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added)")
     return save(fig, out, name)
 
 
