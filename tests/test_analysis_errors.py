@@ -23,11 +23,15 @@ def snapshot(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def inputs(prepared, tmp_path_factory) -> Path:
-    """run/: a finished run; hf/: a tiny Hugging Face GPT-2 (a context of 64 tokens). Tests damage copies."""
+    """run/: a finished run; hf/: a tiny Hugging Face GPT-2 (a context of 64 tokens); pythia/: a tiny GPT-NeoX with
+    Pythia's vocabulary size (another BPE than GPT-2's) and no tokenizer files. Tests damage copies."""
     root = tmp_path_factory.mktemp("inputs")
     result = run_cli("normlab-train", f"run_dir={root / 'run'}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
     tiny_hf("gpt2").save_pretrained(root / "hf")
+    pythia = tiny_hf("gpt_neox")
+    pythia.resize_token_embeddings(50304)
+    pythia.save_pretrained(root / "pythia")
     return root
 
 
@@ -118,6 +122,14 @@ CASES = {
                            ["data 'nothing' is not prepared", "normlab-prepare"]),
     "unknown probe set": (ANGLES, ["model_path={tmp}/run", "probe=books"], None,
                           ["unknown probe 'books': choose one of embedded, wikipedia (conf/probe/)"]),
+    "a model with another vocabulary and no tokenizer": (
+        ANGLES, ["model_path={tmp}/pythia"], None,
+        ["{tmp}/pythia has no tokenizer files and a vocabulary of 50304 tokens, not GPT-2's 50257",
+         "add the model's tokenizer files"]),
+    "unknown dtype": (ANGLES, ["model_path={tmp}/run", "dtype=fp8"], None,
+                      ["dtype=fp8: give one of float32, bfloat16, float16"]),
+    "negative null directions": (ANGLES, ["model_path={tmp}/run", "probe.null_directions=-1"], None,
+                                 ["probe.null_directions=-1: give a whole number of random directions (0: none)"]),
     "unknown device": (ANGLES, ["model_path={tmp}/run", "device=tpu"], None,
                        ["unknown device=tpu: give cpu, cuda or cuda:N"]),
     "a CUDA device torch does not see": (ANGLES, ["model_path={tmp}/run", "device=cuda:99"], None,

@@ -418,6 +418,11 @@ def check_positive(name: str, value, null_means: str | None = None) -> None:
         raise AnalysisError(f"{name}={value}: give a positive whole number{or_null}")
 
 
+def check_null_directions(value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise AnalysisError(f"probe.null_directions={value}: give a whole number of random directions (0: none)")
+
+
 def device_name(name) -> str:
     """The device of `device=`: null is cuda when torch sees a GPU, else cpu."""
     if name is None:
@@ -473,16 +478,18 @@ def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
 
 def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> torch.Tensor:
     """The probe for a Hugging Face model: its text re-tokenized with the model's own tokenizer when the
-    directory has one, else the GPT-2 ids themselves (which needs a GPT-2-sized vocabulary)."""
+    directory has one, else the GPT-2 ids themselves (only for a vocabulary of GPT-2's size: any other is another
+    tokenizer's, whose ids would be read as the wrong tokens)."""
     from transformers import AutoTokenizer
 
     from normlab import tokenizer as gpt2
 
     tokenizer_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
     if not any((path / f).exists() for f in tokenizer_files):
-        if vocab_size < gpt2.VOCAB_SIZE:
+        if vocab_size != gpt2.VOCAB_SIZE:
             raise AnalysisError(
-                f"{path} has no tokenizer and a vocabulary of {vocab_size} < 50257: add the model's tokenizer files"
+                f"{path} has no tokenizer files and a vocabulary of {vocab_size} tokens, not GPT-2's "
+                f"{gpt2.VOCAB_SIZE}: add the model's tokenizer files (tokenizer.json, ...) to the directory"
             )
         return probe[:, :seq_len]
     with loading(f"the tokenizer in {path}"):
@@ -643,7 +650,7 @@ def main(cfg: DictConfig) -> None:
     check_positive("seq_len", cfg.seq_len, "the model's context")
     check_positive("probe.tokens", cfg.probe.tokens, "the whole split")
     check_positive("probe.batch_size", cfg.probe.batch_size)
-    check_positive("probe.null_directions", cfg.probe.null_directions, "none")
+    check_null_directions(cfg.probe.null_directions)
     if cfg.dtype not in DTYPES:
         raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
     device = device_name(cfg.device)
