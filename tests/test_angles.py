@@ -73,6 +73,28 @@ def test_the_percentile_null_places_the_mean_angle_to_1_among_random_directions(
     assert rotation and all(r["null_percentile"] == "" for r in rotation)  # no null for the input-output angle
 
 
+def test_wandb_panels_come_in_sections_of_one_question_each():
+    from normlab.callbacks.angles import wandb_scalars
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
+    model.init_weights(0)
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(ids, None)], null_directions=4)
+    scalars = wandb_scalars(stats.records(0))
+    sections = {}
+    for key in scalars:
+        section, panel = key.split("/")
+        sections.setdefault(section, []).append(panel)
+    panels = ["L00.attn_norm", "L00.mlp_norm", "L01.attn_norm", "L01.mlp_norm", "L02.final_norm"]
+    assert sections == {name: panels for name in [
+        *(f"angles-{ref}-{io}" for io in ("input", "output") for ref in ("uniform", "random_a", "random_b")),
+        "angles-rotation", "share-along-1-input", "percentile-1-input"]}
+    (first,) = [r for r in stats.records(0) if (r["layer"], r["site"], r["reference"], r["position"]) == (
+        0, "attn_norm.input", "uniform", "all")]
+    assert scalars["angles-uniform-input/L00.attn_norm"] == first["mean_deg"]
+    assert scalars["share-along-1-input/L00.attn_norm"] == first["mean_cos2"]
+
+
 @pytest.mark.parametrize("t", [0.0, 0.1, 1.0, -2.0])
 def test_planted_component_along_uniform_gives_the_analytic_angle(t):
     d = 128

@@ -82,9 +82,13 @@ def test_flops_per_token_matches_torch_flop_counter(monkeypatch):
     assert counter.get_total_flops() == model.flops_per_token() * ids.numel()
 
 
-def test_wandb_run_is_grouped_by_experiment_and_tagged():
+def test_wandb_run_is_grouped_with_its_other_seeds_and_tagged():
     cfg = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=2"])
-    assert cfg.logger.wandb.group == "paper_70m" and list(cfg.logger.wandb.tags) == ["rmsnorm", "70m", "seed2"]
+    assert cfg.logger.wandb.group == "paper_70m-70m-rmsnorm" and list(cfg.logger.wandb.tags) == [
+        "rmsnorm", "70m", "seed2"]
+    other = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=0", "model.lr=1e-3"],
+                           with_hydra=True)
+    assert other.logger.wandb.group == "paper_70m-70m-rmsnorm-model.lr=0.001"  # another lr: another group
     assert cfg.logger.wandb.job_type == "train" and cfg.logger.wandb.project == "normlab"
     assert cfg.logger.wandb.id is None  # drawn when the run starts (train/normlab/run_dir.py), kept in <run_dir>/run_id
 

@@ -117,12 +117,7 @@ class AngleCallback(L.Callback):
     def _log_wandb(trainer, records: list[dict]) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                scalars = {
-                    f"angles/{r['reference']}/{r['site']}/layer{r['layer']:02d}": r["mean_deg"]
-                    for r in records
-                    if r["position"] == "all"
-                }
-                logger.log_metrics(scalars, step=trainer.global_step)
+                logger.log_metrics(wandb_scalars(records), step=trainer.global_step)
                 columns = list(records[0])
                 logger.log_table(
                     key="angles/table",
@@ -130,3 +125,26 @@ class AngleCallback(L.Callback):
                     data=[[r[c] for c in columns] for r in records],
                     step=trainer.global_step,
                 )
+
+
+def wandb_scalars(records: list[dict]) -> dict[str, float]:
+    """The angle rows as wandb panels in sections of one question each (wandb makes a section of each key's part
+    before the first '/'), a panel per norm site in forward order: the mean angle to each reference before and after
+    the norms (angles-uniform-input, ..., angles-random_b-output), the rotation by the norm (angles-rotation), and of
+    1 at the norm inputs: the share of the squared norm along it (share-along-1-input) and the percentile of its mean
+    angle among random directions (percentile-1-input)."""
+    scalars = {}
+    for r in records:
+        if r["position"] != "all":
+            continue
+        role, io = r["site"].split(".")
+        panel = f"L{r['layer']:02d}.{role}"
+        if io == "rotation":
+            scalars[f"angles-rotation/{panel}"] = r["mean_deg"]
+            continue
+        scalars[f"angles-{r['reference']}-{io}/{panel}"] = r["mean_deg"]
+        if r["reference"] == "uniform" and io == "input":
+            scalars[f"share-along-1-input/{panel}"] = r["mean_cos2"]
+            if r["null_percentile"] != "":
+                scalars[f"percentile-1-input/{panel}"] = r["null_percentile"]
+    return scalars
