@@ -203,18 +203,19 @@ def test_configs_without_centred_and_bias_keys_are_read_by_the_norm_name(tmp_pat
 
 
 def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
-    new = {"run": "gpt2-small", "model": "gpt2-small", "norm": "layernorm", "seed": "", "source": "/models/gpt2"}
+    new = {"run": "gpt2-small", "model": "gpt2", "norm": "layernorm", "seed": "", "source": "/models/gpt2-small"}
     write_csv(tmp_path / "gpt2.csv", angle_rows(0, 91.0, 0.02, null_random_sd=0.5, **new), NEW_COLUMNS)
     write_csv(tmp_path / "pythia-70m.csv", angle_rows(0, 89.0, 0.03), OLD_COLUMNS)
-    write_csv(tmp_path / "gpt2-ablation.csv", [{"model": "gpt2-small", "step": 0, "site": "all", "delta": 0.005,
-                                                 "ci_low": 0.004, "ci_high": 0.006}], ABLATION_COLUMNS)
+    write_csv(tmp_path / "gpt2-ablation.csv", [{"run": "gpt2-small", "model": "gpt2", "step": 0, "site": "all",
+                                                 "ablation": "uncentred", "delta": 0.005, "ci_low": 0.004,
+                                                 "ci_high": 0.006}], ABLATION_COLUMNS)
 
     report(f"runs=[{tmp_path / 'pythia-70m.csv'}]", f"csvs=[{tmp_path / 'gpt2.csv'},{tmp_path / 'gpt2-ablation.csv'}]",
            f"out={tmp_path / 'out'}")
 
     summary = (tmp_path / "out/summary.md").read_text()
     assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°) "
-            "| 0.0200 (final; null 1/d = 0.0156) | +0.0050 [+0.0040, +0.0060] |") in summary  # (91 - 90) / 0.5
+            "| 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] |") in summary  # (91 - 90) / 0.5
     assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
             "-14.0 (final, 89.00°)‡") in summary
     assert "not run (normlab-ablate model_path=<the model's directory>)" in summary

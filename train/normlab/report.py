@@ -447,8 +447,9 @@ def csv_kind(path: Path) -> str:
 
 
 def load_pretrained(paths: list[Path]) -> list[Pretrained]:
-    """The models of the angles CSVs in `paths`, one per (model, norm) column value (the file's name where the CSV
-    has no model column); ablation CSVs join the model their `model` column names."""
+    """The models of the angles CSVs in `paths`, one per (run, norm) of their identity columns (normlab-angles
+    names a Hugging Face model's run after its directory, its model after its type; the file's name where the CSV
+    has neither); the rows of ablation CSVs join the model their `run` (or `model`) names."""
     models: dict[tuple, Pretrained] = {}
     ablations: list[dict] = []
     for path in paths:
@@ -458,10 +459,10 @@ def load_pretrained(paths: list[Path]) -> list[Pretrained]:
             ablations += read_ablation(path)
             continue
         for row in read_angles(path, f"regenerate it with normlab-angles model_path=<the model> out={path}"):
-            name, norm = row.get("model") or path.stem, row.get("norm") or ""
+            name, norm = row.get("run") or row.get("model") or path.stem, row.get("norm") or ""
             models.setdefault((name, norm), Pretrained(name, norm, path, [])).angles.append(row)
     for model in models.values():
-        model.ablation = [r for r in ablations if r.get("model") == model.name or r.get("run") == model.name]
+        model.ablation = [r for r in ablations if model.name in (r.get("run"), r.get("model"))]
     return sorted(models.values(), key=lambda m: m.name)
 
 
