@@ -146,7 +146,7 @@ class OneModelPerOut(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.out is not None and "model_path" in swept(config.hydra.overrides.task):
             fail("out= names one CSV file, but model_path is swept: give one model_path with it, or leave out out= "
-                 "(each model then gets <paths.output_dir>/angles/<its name>.csv)")
+                 "(each model then gets a CSV of its own under <paths.output_dir>/angles/)")
 
 
 def swept(overrides) -> dict[str, list[str]]:
