@@ -87,6 +87,25 @@ def test_probe_set_is_the_first_tokens_of_the_documents_in_order(tmp_path, local
     assert json.loads((tmp_path / "meta.json").read_text())["splits"]["probe"]["tokens"] == 700
 
 
+def test_a_probe_set_can_be_a_seeded_sample_of_whole_documents(tmp_path, local_corpus):
+    """probe_sample_seed (the Wikipedia probe's setting): documents in a seeded random order, whole, each with its
+    EOT; the same seed gives the same probe, another seed another one."""
+    enc = tokenizer.gpt2()
+    encoded = {tuple(enc.encode_ordinary(doc) + [tokenizer.EOT]) for doc in DOCS}
+    probes = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        result = run_cli("normlab-prepare", *local_corpus_config(local_corpus), f"data.dir={tmp_path / name}",
+                         "+data.source.probe_tokens=700", f"+data.source.probe_sample_seed={seed}",
+                         env={"HF_DATASETS_OFFLINE": "1"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        probes[name] = np.fromfile(tmp_path / name / "probe.bin", dtype=np.uint16).tolist()
+    in_order = [t for doc in DOCS for t in enc.encode_ordinary(doc) + [tokenizer.EOT]][:700]
+    assert probes["a"] == probes["b"] != probes["c"] and probes["a"] != in_order and len(probes["a"]) == 700
+    for probe in probes.values():
+        documents = " ".join(map(str, probe)).split(f" {tokenizer.EOT}")[:-1]  # the last one is cut at 700 tokens
+        assert all(tuple(map(int, d.split())) + (tokenizer.EOT,) in encoded for d in documents if d.strip())
+
+
 def test_hub_dataset_offline_fails_at_once_with_the_way_out(tmp_path):
     started = time.perf_counter()
     result = run_cli(

@@ -1,8 +1,8 @@
 """Corpus preparation: documents -> GPT-2 tokens (EOT after every document) -> uint16 token files.
 
 A training corpus becomes train.bin and val.bin (a seeded split of its documents); a probe set becomes
-probe.bin (the first `probe_tokens` tokens of its documents, in order). meta.json records the source,
-split seed, tokenizer and its hash, and the token count, largest token and sha256 of every file.
+probe.bin (the first `probe_tokens` tokens of its documents, in order or of a seeded sample of them). meta.json
+records the source, split seed, tokenizer and its hash, and the token count, largest token and sha256 of every file.
 Memory stays flat whatever the corpus size: documents are tokenized by `datasets.map` (which writes its
 results to disk) or by streaming, and tokens are written to disk batch by batch. Everything is written into a
 staging directory beside data.dir, which replaces data.dir only once complete: a failed or killed run leaves the
@@ -348,8 +348,14 @@ def write_split(docs: datasets.Dataset, encoding, path: Path, num_proc: int) -> 
     return out.close()
 
 
-def write_probe(docs, encoding, path: Path, max_tokens: int, threads: int) -> dict:
-    """The first `max_tokens` tokens of the documents, in their order (streamed: nothing else is read)."""
+def write_probe(docs, encoding, path: Path, max_tokens: int, threads: int, sample_seed: int | None = None,
+                buffer: int = 10_000) -> dict:
+    """The first `max_tokens` tokens of the documents (streamed: nothing else is read): in their order, or, with a
+    `sample_seed`, of a seeded sample of them (a streamed dataset: its shards in a seeded order, its documents
+    drawn from a shuffle buffer of `buffer` documents; a local one: a seeded permutation)."""
+    if sample_seed is not None:
+        streamed = isinstance(docs, datasets.IterableDataset)
+        docs = docs.shuffle(seed=sample_seed, buffer_size=buffer) if streamed else docs.shuffle(seed=sample_seed)
     out = TokenFile(path)
     with tqdm(total=max_tokens, desc=f"tokenizing {path.stem}", unit="tok", unit_scale=True) as progress:
         for batch in docs.iter(batch_size=256):
@@ -393,7 +399,8 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
     }
     with staging(out) as new:
         if source.get("probe_tokens"):
-            meta["splits"]["probe"] = write_probe(docs, encoding, new / "probe.bin", source.probe_tokens, num_proc)
+            meta["splits"]["probe"] = write_probe(docs, encoding, new / "probe.bin", source.probe_tokens, num_proc,
+                                                  source.get("probe_sample_seed"), source.get("probe_buffer", 10_000))
         else:
             split = docs.train_test_split(test_size=source.val_fraction, seed=source.split_seed)
             for name, part in (("train", split["train"]), ("val", split["test"])):
