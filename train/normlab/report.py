@@ -575,16 +575,21 @@ def site_axis(ax, keys: list[tuple]) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-def null_bands(ax, x: list[float], points: list[Point], color: str, name: str) -> None:
+def null_bands(ax, x: list[float], points: list[Point], color: str, name: str, per_site: bool = True) -> None:
     """The null a mean angle is compared with: mean +- sd of the mean angle to random directions where measured
-    (a band), else dashed lines at 90 +- the sd of ONE random vector's angle (what the error bars compare with)."""
+    (a band), else dashed lines at 90 +- the sd of ONE random vector's angle (what the error bars compare with).
+    per_site: x are site ticks, each covered to half-way to its neighbours; else x are steps, joined."""
+    if per_site:
+        x = [edge for tick in x for edge in (tick - 0.5, tick + 0.5)]
+        points = [p for p in points for _ in range(2)]
+    drawstyle = "default" if per_site else "steps-mid"
     if all(p.random_sd is not None for p in points):
         ax.fill_between(x, [p.random_mean - p.random_sd for p in points], [p.random_mean + p.random_sd for p in points],
-                        step="mid", color=color, alpha=0.15, lw=0,
+                        step=None if per_site else "mid", color=color, alpha=0.15, lw=0,
                         label=f"null{' ' + name if name else ''}: mean angle to random directions ± 1 sd")
     else:
         for sign in (1, -1):
-            ax.plot(x, [90 + sign * p.single_sd for p in points], ls="--", lw=0.7, color="grey", drawstyle="steps-mid",
+            ax.plot(x, [90 + sign * p.single_sd for p in points], ls="--", lw=0.7, color="grey", drawstyle=drawstyle,
                     label="null: ONE random vector's angle, 90 ± (180/π)/√d (compare with the error bars)")
 
 
@@ -682,7 +687,7 @@ def plot_angles_training(title: str, series: list[Series], out: Path, name: str)
             if not points:
                 continue
             xs, values = zip(*points)
-            null_bands(ax, list(xs), list(values), norm_color(s.norm, norms), s.norm)
+            null_bands(ax, list(xs), list(values), norm_color(s.norm, norms), s.norm, per_site=False)
             shifted = [x * 10 ** (0.15 * dx) if x > 0 else dx * linthresh for x in xs]  # bars side by side
             ax.errorbar(shifted, [p.mean for p in values], yerr=[p.token_sd for p in values], fmt="o-", ms=2, lw=0.8,
                         capsize=1, color=norm_color(s.norm, norms), label=s.norm)
