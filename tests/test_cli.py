@@ -1,4 +1,4 @@
-"""One command line for the six commands: each a Hydra app whose --help and shell completion offer only choices that
+"""One command line for every command: each a Hydra app whose --help and shell completion offer only choices that
 compose, and answer without importing the heavy libraries (torch, Lightning, datasets, matplotlib...)."""
 
 import os

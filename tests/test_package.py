@@ -64,7 +64,8 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     described = run(env, work, "normlab-describe", "experiment=paper_1b")
     assert described.returncode == 0, described.stderr
     assert "1b (16 layers, d=2048" in described.stdout
-    for command in ("normlab-train", "normlab-prepare", "normlab-angles", "normlab-report", "normlab-bench"):
+    for command in ("normlab-train", "normlab-prepare", "normlab-angles", "normlab-ablate", "normlab-report",
+                    "normlab-bench"):
         helped = run(env, work, command, "--help")
         assert helped.returncode == 0, f"{command}: {helped.stderr}"
 
