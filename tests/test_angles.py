@@ -95,6 +95,20 @@ def test_wandb_panels_come_in_sections_of_one_question_each():
     assert scalars["share-along-1-input/L00.attn_norm"] == first["mean_cos2"]
 
 
+def test_wandb_gets_the_reports_per_layer_figure_of_each_probe(tmp_path):
+    from normlab.callbacks.angles import layer_figure
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
+    model.init_weights(0)
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    for null_directions in (0, 4):
+        stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(ids, None)],
+                        null_directions=null_directions)
+        identity = {"run": "tiny-rmsnorm-seed0", "model": "tiny", "norm": "rmsnorm", "seed": 0, "source": "training"}
+        name = layer_figure(stats.records(10, identity), tmp_path)
+        assert (tmp_path / name).stat().st_size > 10_000  # a 300-dpi PNG (and its PDF beside it)
+
+
 @pytest.mark.parametrize("t", [0.0, 0.1, 1.0, -2.0])
 def test_planted_component_along_uniform_gives_the_analytic_angle(t):
     d = 128

@@ -1,6 +1,8 @@
 """The angle study during training."""
 
 import sys
+import tempfile
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -118,11 +120,15 @@ class AngleCallback(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_metrics(wandb_scalars(records), step=trainer.global_step)
+                with tempfile.TemporaryDirectory() as tmp:  # wandb copies the image when it is logged
+                    figure = layer_figure(records, Path(tmp))
+                    logger.log_image(key="angles-figure/angle_to_1_by_layer", images=[str(Path(tmp) / figure)],
+                                     step=trainer.global_step)
                 columns = list(records[0])
                 logger.log_table(
                     key="angles/table",
                     columns=columns,
-                    data=[[r[c] for c in columns] for r in records],
+                    data=[[None if r[c] == "" else r[c] for c in columns] for r in records],  # one type a column
                     step=trainer.global_step,
                 )
 
@@ -148,3 +154,12 @@ def wandb_scalars(records: list[dict]) -> dict[str, float]:
             if r["null_percentile"] != "":
                 scalars[f"percentile-1-input/{panel}"] = r["null_percentile"]
     return scalars
+
+
+def layer_figure(records: list[dict], out: Path) -> str:
+    """The report's per-layer figure (normlab.report) of one probe's rows: the file name written in `out`."""
+    from normlab.report import Series, plot_angles_by_layer
+
+    rows = [{k: None if v == "" else v for k, v in r.items()} for r in records]  # no null measured: None
+    run, norm = rows[0]["run"], rows[0]["norm"]
+    return plot_angles_by_layer(run, [Series(norm, [rows], [], [f"seed {rows[0]['seed']}"])], out, "angles")
