@@ -8,6 +8,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import compose_config, run_cli
+from test_angles import orthogonal_to_1
 from normlab.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind
 from normlab.angles import AnalysisError, NormSite, norm_sites
 from normlab.model import GPT, GPTConfig
@@ -34,16 +35,6 @@ def tiny(norm, seed=0) -> GPT:
     return model.eval()
 
 
-def orthogonal_to_1(model: GPT) -> GPT:
-    """Everything that writes to the residual stream writes vectors orthogonal to 1: so do the norms' inputs."""
-    with torch.no_grad():
-        for emb in (model.wte, model.wpe):
-            emb.weight -= emb.weight.mean(1, keepdim=True)
-        for block in model.blocks:
-            for proj in (block.attn.c_proj, block.mlp.c_proj):
-                proj.weight -= proj.weight.mean(0, keepdim=True)
-                proj.bias -= proj.bias.mean()
-    return model
 
 
 @torch.no_grad()

@@ -24,6 +24,18 @@ def identity_probe(d):
     return module, [NormSite(0, "attn_norm", module)]
 
 
+def orthogonal_to_1(model: GPT) -> GPT:
+    """Everything that writes to the residual stream writes vectors orthogonal to 1: so do the norms' inputs."""
+    with torch.no_grad():
+        for emb in (model.wte, model.wpe):
+            emb.weight -= emb.weight.mean(1, keepdim=True)
+        for block in model.blocks:
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                proj.weight -= proj.weight.mean(0, keepdim=True)
+                proj.bias -= proj.bias.mean()
+    return model
+
+
 def records_of(stats, site="attn_norm.input", position="all"):
     return {r["reference"]: r for r in stats.records(0) if r["site"] == site and r["position"] == position}
 
@@ -145,13 +157,7 @@ def test_rotation_from_norm_input_to_output_is_the_angle_between_them(degrees):
 def test_mean_centred_writing_weights_put_every_norm_input_at_exactly_90_degrees(norm):
     model = GPT(GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=500), norm)
     model.init_weights(0)
-    with torch.no_grad():  # everything that writes to the residual stream writes vectors orthogonal to 1
-        for emb in (model.wte, model.wpe):
-            emb.weight -= emb.weight.mean(1, keepdim=True)
-        for block in model.blocks:
-            for proj in (block.attn.c_proj, block.mlp.c_proj):
-                proj.weight -= proj.weight.mean(0, keepdim=True)
-                proj.bias -= proj.bias.mean()
+    orthogonal_to_1(model)
     ids = torch.randint(0, 500, (4, 32), generator=torch.Generator().manual_seed(2))
     stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 64, [(ids, None)])
     inputs = [r for r in stats.records(0) if r["site"].endswith(".input") and r["reference"] == "uniform"]
