@@ -25,7 +25,7 @@ data/embedded/meta.json: $(VENV)/.installed
 
 demo: data/embedded/meta.json
 	$(BIN)/normlab-train -m experiment=demo
-	$(BIN)/normlab-ablate -m probe.tokens=2048 \
+	$(BIN)/normlab-ablate -m probe.tokens=8192 \
 		model_path=checkpoints/demo/tiny-layernorm-seed0,checkpoints/demo/tiny-rmsnorm-seed0
 	$(BIN)/normlab-report runs=checkpoints/demo
 
