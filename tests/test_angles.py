@@ -196,6 +196,29 @@ def test_padding_is_masked_and_first_positions_are_reported_separately():
     assert records_of(stats, position="first")["uniform"]["count"] == 3
 
 
+def test_first_is_the_first_token_of_each_document_and_rest_every_other():
+    """With the separator given (GPT-2's EOT in normlab's probes), position first counts the tokens that follow it,
+    wherever in a window they lie, and rest all the others; padding in neither."""
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
+    model.init_weights(0)
+    ids = torch.randint(8, 300, (3, 16), generator=torch.Generator().manual_seed(1))
+    ids[0, [3, 9]] = 7  # documents start at 4 and 10 of window 0, at 1 of window 2; the 7 at its end starts none
+    ids[2, [0, 15]] = 7
+    mask = torch.ones(3, 16, dtype=torch.bool)
+    mask[1, 12:] = False
+    stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(ids, mask)], separator=7)
+    counts = {p: records_of(stats, position=p)["uniform"]["count"] for p in POSITIONS}
+    assert counts == {"all": 44, "first": 3, "rest": 41}
+    hidden = {}
+    handle = model.blocks[0].ln_1.register_forward_hook(lambda m, a, o: hidden.update(x=a[0]))
+    with torch.no_grad():
+        model.hidden(ids)
+    handle.remove()
+    starts = hidden["x"][[0, 0, 2], [4, 10, 1]].double()
+    expected = torch.rad2deg(torch.acos(starts.sum(1) / (starts.norm(dim=1) * math.sqrt(32)))).mean()
+    assert records_of(stats, position="first")["uniform"]["mean_deg"] == pytest.approx(expected.item(), abs=1e-4)
+
+
 DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from normlab.angles import measure, norm_sites

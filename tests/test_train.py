@@ -11,7 +11,9 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, compose_config, run_cli
+from normlab.data import load_probe
 from normlab.errors import NonFiniteError
+from normlab.tokenizer import EOT
 from normlab.pipeline import build, build_module, build_trainer
 from normlab.angles import read_csv
 from normlab.module import lr_factor
@@ -114,7 +116,7 @@ def test_metrics_csv_has_loss_lr_and_tokens_per_second_at_every_step(sweep, norm
 
 
 @pytest.mark.parametrize("norm", NORMS)
-def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_checkpoint(sweep, norm):
+def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_checkpoint(sweep, prepared, norm):
     run = run_of(sweep, norm)
     rows = read_csv(run / "angles.csv")
     assert sorted({r["step"] for r in rows}) == [0, 2, 4, 6]  # the checkpoint schedule
@@ -125,13 +127,14 @@ def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_che
         for role in ("attn_norm", "mlp_norm")
         for io in ("input", "output", "rotation")
     } | {(2, "final_norm.input"), (2, "final_norm.output"), (2, "final_norm.rotation")}
-    probe_tokens = (88015 // 128) * 128  # the embedded held-out split, in windows of the model's context
-    assert {r["count"] for r in at_0 if r["position"] == "all"} == {probe_tokens}
-    assert {r["count"] for r in at_0 if r["position"] == "first"} == {probe_tokens // 128}
+    probe = load_probe(str(prepared), "val", None, 128)  # the embedded held-out split in windows of the context
+    starts = int((probe[:, :-1] == EOT).sum())  # documents that begin inside a window (3 documents: 2)
+    assert starts and {r["count"] for r in at_0 if r["position"] == "all"} == {probe.numel()}
+    assert {r["count"] for r in at_0 if r["position"] == "first"} == {starts}
+    assert {r["count"] for r in at_0 if r["position"] == "rest"} == {probe.numel() - starts}
     ln_out = [r for r in at_0 if r["site"] == "attn_norm.output" and r["reference"] == "uniform"]
     if norm == "layernorm":  # at step 0 gamma = 1, beta = 0: LN's output is orthogonal to 1 by construction
         assert all(abs(r["mean_deg"] - 90) < 1e-3 and r["std_deg"] < 1e-3 for r in ln_out)
-    assert {r["count"] for r in at_0 if r["position"] == "rest"} == {probe_tokens - probe_tokens // 128}
     assert all(r["null_std_deg"] == pytest.approx(math.degrees(1 / 8)) for r in rows)  # d = 64
     config = OmegaConf.load(run / "config.yaml")
     assert {(r["run"], r["model"], r["norm"], r["seed"], r["source"]) for r in rows} == {

@@ -7,8 +7,9 @@ to statistics; nothing else is kept, so memory does not depend on the number of 
 histogram, the mean norm of the vectors and the mean cos^2 of the angle (the share of their squared norm that
 lies along the reference). References: the uniform vector 1, a random vector a~ with the same norm sqrt(d)
 and a random vector b~ with another norm (fixed seeds). Rows at site "<norm>.rotation" hold the angle between
-each norm's input and output. Position "all" counts every token, "first" only the first of each sequence,
-"rest" all but the first.
+each norm's input and output. Position "all" counts every token, "first" only the first token of each document
+(the one after a document separator: GPT-2's EOT, or the model's EOS, which a BOS then follows), "rest" all but
+those.
 
 Two nulls. One random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fixed vector (null_mean_deg,
 null_std_deg): the spread of single angles. Whether 1 is special is asked of the MEAN angle: the same mean is taken
@@ -34,6 +35,7 @@ from torch import nn
 from tqdm import tqdm
 
 from normlab.errors import NormlabError
+from normlab.tokenizer import EOT
 
 REFERENCES = ("uniform", "random_a", "random_b")
 POSITIONS = ("all", "first", "rest")
@@ -219,6 +221,7 @@ class AngleProbe:
         self.reference_norms = self.references.norm(dim=1)
         self.random_directions = random_directions(null_directions, d).to(device=device, dtype=torch.float32)
         self.mask: torch.Tensor | None = None
+        self.first: torch.Tensor | None = None  # [B, T] bool: the first tokens of documents (None: position 0)
         self._pending: list[tuple[NormSite, torch.Tensor, torch.Tensor | None]] = []
         self._row_cache: dict[tuple, torch.Tensor] = {}
 
@@ -244,15 +247,25 @@ class AngleProbe:
 
         return hook
 
+    def _positions(self, shape, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, T] masks of the tokens counted at positions all and first (rest: all but first)."""
+        mask = self.mask if self.mask is not None else torch.ones(shape, dtype=torch.bool, device=device)
+        first = self.first
+        if first is None:
+            first = torch.zeros(shape, dtype=torch.bool, device=device)
+            first[:, 0] = True
+        return mask, mask & first
+
     def _null_sums(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """[2 (input, output), 3 (POSITIONS), directions]: the sums of the angles of x and y to each random
         direction, reduced at once (a [B, T, directions] tensor per norm would not fit for long)."""
-        mask = self.mask if self.mask is not None else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        every_token, first_tokens = self._positions(x.shape[:2], x.device)
         sums = []
         for v in (x, y):
             cos = (v @ self.random_directions.T).div_(v.norm(dim=-1, keepdim=True).clamp_min(1e-30))
-            degrees = torch.rad2deg_(torch.acos_(cos.clamp_(-1, 1))).mul_(mask[..., None])
-            every, first = degrees.sum((0, 1), dtype=torch.float64), degrees[:, 0].sum(0, dtype=torch.float64)
+            degrees = torch.rad2deg_(torch.acos_(cos.clamp_(-1, 1)))
+            every = degrees[every_token].sum(0, dtype=torch.float64)
+            first = degrees[first_tokens].sum(0, dtype=torch.float64)
             sums.append(torch.stack([every, first, every - first]))
         return torch.stack(sums)
 
@@ -280,10 +293,8 @@ class AngleProbe:
         for group in by_shape.values():
             sites, values = zip(*group)
             values = torch.stack(values)  # [sites, B, T, 9]
-            mask = self.mask
-            if mask is None:
-                mask = torch.ones(values.shape[1:3], dtype=torch.bool, device=values.device)
-            selections = (values[:, mask], values[:, :, 0][:, mask[:, 0]], values[:, :, 1:][:, mask[:, 1:]])
+            every_token, first_tokens = self._positions(values.shape[1:3], values.device)
+            selections = (values[:, every_token], values[:, first_tokens], values[:, every_token & ~first_tokens])
             for position, selected in zip(POSITIONS, selections):
                 self._update(sites, position, selected)
 
@@ -311,13 +322,17 @@ class AngleProbe:
 
 @torch.no_grad()
 def measure(forward, sites: list[NormSite], d: int, batches, device=None, null_directions: int = 0,
-            **reference_kwargs) -> AngleStats:
+            separator: int | None = None, **reference_kwargs) -> AngleStats:
     """Run `forward(ids, mask)` over `batches` of (ids, mask or None) with the hooks on; return the stats
-    (merged over DDP ranks when a process group is initialised)."""
+    (merged over DDP ranks when a process group is initialised). Position first: the tokens that follow the token
+    id `separator` (None: position 0 of each sequence)."""
     probe = AngleProbe(sites, d, device, null_directions, **reference_kwargs)
     with probe.hooks():
         for ids, mask in batches:
             probe.mask = mask
+            if separator is not None:
+                probe.first = torch.zeros_like(ids, dtype=torch.bool)
+                probe.first[:, 1:] = ids[:, :-1] == separator
             forward(ids, mask)
             probe.flush()
     return probe.stats.all_reduce()
@@ -476,10 +491,10 @@ def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
         return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])  # raw weights: nothing folded
 
 
-def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> torch.Tensor:
+def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> tuple[torch.Tensor, int]:
     """The probe for a Hugging Face model: its text re-tokenized with the model's own tokenizer when the
     directory has one, else the GPT-2 ids themselves (only for a vocabulary of GPT-2's size: any other is another
-    tokenizer's, whose ids would be read as the wrong tokens)."""
+    tokenizer's, whose ids would be read as the wrong tokens). With the token id that separates its documents."""
     from transformers import AutoTokenizer
 
     from normlab import tokenizer as gpt2
@@ -491,13 +506,14 @@ def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -
                 f"{path} has no tokenizer files and a vocabulary of {vocab_size} tokens, not GPT-2's "
                 f"{gpt2.VOCAB_SIZE}: add the model's tokenizer files (tokenizer.json, ...) to the directory"
             )
-        return probe[:, :seq_len]
+        return probe[:, :seq_len], gpt2.EOT
     with loading(f"the tokenizer in {path}"):
         tok = AutoTokenizer.from_pretrained(path)
     documents = gpt2.gpt2().decode(probe.flatten().tolist()).split("<|endoftext|>")
-    ids = [t for doc in documents if doc for t in tok(doc)["input_ids"] + [tok.eos_token_id or 0]]
+    separator = tok.eos_token_id or 0
+    ids = [t for doc in documents if doc for t in tok(doc)["input_ids"] + [separator]]  # a BOS, if any, after it
     n = min(len(ids) // seq_len, probe.numel() // seq_len)
-    return torch.tensor(ids[: n * seq_len]).view(n, seq_len)
+    return torch.tensor(ids[: n * seq_len]).view(n, seq_len), separator
 
 
 @dataclass
@@ -509,6 +525,7 @@ class Analysis:
     checkpoints: list[tuple[int, Callable[[], nn.Module], dict]]  # (step, what loads its model, identity), by step
     windows: torch.Tensor  # the probe: [sequences, seq_len] token ids
     warnings: list[str]
+    separator: int  # the token id between the probe's documents: position first is the token after it
 
 
 def run_identity(config: dict, source: str) -> dict:
@@ -554,10 +571,11 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
     context_key = "n_positions" if hasattr(config, "n_positions") else "max_position_embeddings"
     seq_len = checked_seq_len(cfg, path, getattr(config, context_key), f"{context_key} in config.json")
     probe = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len)
-    windows = hf_windows(path, probe, config.vocab_size, seq_len)
+    windows, separator = hf_windows(path, probe, config.vocab_size, seq_len)
     identity = {"run": path.resolve().name, "model": model_type, "norm": "rmsnorm" if model_type == "llama" else
                 "layernorm", "seed": "", "source": str(path.resolve())}
-    return Analysis(path, model_type, [(0, partial(load_hugging_face, path, cfg.get("dtype", "float32")), identity)], windows, [])
+    return Analysis(path, model_type, [(0, partial(load_hugging_face, path, cfg.get("dtype", "float32")), identity)],
+                    windows, [], separator)
 
 
 def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
@@ -598,6 +616,7 @@ def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
          for step, c in sorted(intact)],
         windows,
         [f"{reason}: skipped" for reason in damaged],
+        EOT,
     )
 
 
@@ -623,7 +642,8 @@ def measure_analysis(analysis: Analysis, device: str, batch_size: int, null_dire
             d = model.config.hidden_size
             forward = lambda ids, mask, m=model: m.base_model(input_ids=ids, attention_mask=mask)  # noqa: E731
         progress = tqdm(batches, desc=f"{analysis.path.name} step {step}", unit="batch")
-        stats = measure(forward, norm_sites(model, analysis.layout), d, progress, device, null_directions)
+        stats = measure(forward, norm_sites(model, analysis.layout), d, progress, device, null_directions,
+                        analysis.separator)
         records += stats.records(step, identity)
         del model, forward
     return records

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import WandbLogger
 from normlab.angles import CSV_COLUMNS, measure, norm_sites, run_identity, stat_rows
 from normlab.data import load_probe
 from normlab.errors import ConfigError
+from normlab.tokenizer import EOT
 from normlab.run_dir import RunDirError, RunDirectory, checkpoint_steps, verify, warn
 
 
@@ -107,6 +108,7 @@ class AngleCallback(L.Callback):
                 batches,
                 pl_module.device,
                 self.null_directions,
+                EOT,  # the probe is GPT-2 tokens, its documents separated by EOT
             )
         model.train(was_training)
         if trainer.is_global_zero:
