@@ -219,6 +219,30 @@ def test_first_is_the_first_token_of_each_document_and_rest_every_other():
     assert records_of(stats, position="first")["uniform"]["mean_deg"] == pytest.approx(expected.item(), abs=1e-4)
 
 
+def test_normlab_angles_holds_one_model_in_memory_at_a_time(tmp_path):
+    """A paper_1b run has 15 checkpoints of 4 GB: each model is let go before the next one loads."""
+    import gc
+    import weakref
+
+    from normlab.angles import Analysis, measure_analysis
+
+    alive = []
+
+    def load():
+        gc.collect()
+        assert not [ref for ref in alive if ref() is not None], "the previous checkpoint's model is still held"
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
+        model.init_weights(len(alive))
+        alive.append(weakref.ref(model))
+        return model
+
+    identity = {"run": "r", "model": "m", "norm": "layernorm", "seed": 0, "source": "s"}
+    windows = torch.randint(0, 300, (4, 16), generator=torch.Generator().manual_seed(0))
+    analysis = Analysis(tmp_path, "normlab", [(step, load, identity) for step in (0, 1, 2)], windows, [], 7)
+    rows = measure_analysis(analysis, "cpu", batch_size=2)
+    assert len(alive) == 3 and sorted({r["step"] for r in rows}) == [0, 1, 2]
+
+
 DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from normlab.angles import measure, norm_sites
