@@ -243,6 +243,25 @@ def test_normlab_angles_holds_one_model_in_memory_at_a_time(tmp_path):
     assert len(alive) == 3 and sorted({r["step"] for r in rows}) == [0, 1, 2]
 
 
+def test_a_bfloat16_model_is_measured_with_float64_statistics():
+    """dtype=bfloat16 (a 6-8B model on one 80 GB GPU): the weights and activations in bf16, the statistics still
+    float64, the angles those of the float32 model to bf16 precision."""
+    from normlab.angles import DTYPES
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
+    model.init_weights(0)
+    ids = torch.randint(0, 300, (4, 16), generator=torch.Generator().manual_seed(0))
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        model.to(DTYPES[dtype])
+        stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(ids, None)],
+                        null_directions=4)
+        assert stats.mean.dtype == stats.null_sum.dtype == torch.float64
+        results[dtype] = stats.records(0)
+    for full, half in zip(results["float32"], results["bfloat16"], strict=True):
+        assert full["count"] == half["count"] and half["mean_deg"] == pytest.approx(full["mean_deg"], abs=1.0)
+
+
 DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
 from normlab.angles import measure, norm_sites
