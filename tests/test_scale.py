@@ -102,7 +102,6 @@ def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prep
     common = [
         *FAST_TRAIN,
         "global_batch_size=4",
-        "probe.tokens=8192",
         "trainer.val_check_interval=3",
         "callbacks.scheduled_checkpoints.every=3",
         "callbacks.scheduled_checkpoints.dense_until=3",

@@ -289,7 +289,7 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
     return rows
 
 
-def probe_setup(model_name: str, seq_len: int):
+def probe_setup(model_name: str, seq_len: int, null_directions: int):
     import torch
 
     from normlab.angles import measure, norm_sites
@@ -299,27 +299,31 @@ def probe_setup(model_name: str, seq_len: int):
     model.init_weights(0)
     model.eval()
     sites, d = norm_sites(model, "normlab"), model.config.n_embd
-    return torch, model, lambda batches: measure(lambda ids, mask: model.hidden(ids), sites, d, batches)
+    return torch, model, lambda batches: measure(lambda ids, mask: model.hidden(ids), sites, d, batches,
+                                                 null_directions=null_directions)
 
 
-def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> list[tuple[str, str]]:
-    """Interleaved repetitions of the plain forward and the probe pass on the same batches; medians."""
-    torch, model, probe = probe_setup(model_name, seq_len)
+def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int,
+                 null_directions: int) -> list[tuple[str, str]]:
+    """Interleaved repetitions of the plain forward and the probe pass, without and with the null's random
+    directions (as the paper's probe has them), on the same batches; medians."""
+    torch, model, probe = probe_setup(model_name, seq_len, 0)
+    _, _, probe_with_null = probe_setup(model_name, seq_len, null_directions)
     batches = [
         (torch.randint(0, 50257, (batch, seq_len), generator=torch.Generator().manual_seed(i)), None) for i in range(2)
     ]
     with torch.no_grad():
         t = interleaved(
-            {"plain": lambda: [model.hidden(ids) for ids, _ in batches], "probe": lambda: probe(batches)},
+            {"plain": lambda: [model.hidden(ids) for ids, _ in batches], "probe": lambda: probe(batches),
+             "null": lambda: probe_with_null(batches)},
             repeats,
             torch.device("cpu"),
         )
-    ratio = t["probe"] / t["plain"]
+    tokens = f"{model_name}, {2 * batch}x{seq_len} tokens, median of {repeats}"
     rows = [
-        (
-            f"angle probe pass / plain forward ({model_name}, {2 * batch}x{seq_len} tokens, median of {repeats})",
-            f"{ratio:.3f} (target <= 1.15)",
-        )
+        (f"angle probe pass / plain forward ({tokens})", f"{t['probe'] / t['plain']:.3f} (target <= 1.15)"),
+        (f"angle probe pass with {null_directions} null directions / plain forward ({tokens})",
+         f"{t['null'] / t['plain']:.3f} (what the percentile null costs on this CPU; matrix products and acos)"),
     ]
     mem = []
     for windows in (32, 320):
@@ -333,6 +337,8 @@ def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> lis
             model_name,
             "--seq-len",
             str(seq_len),
+            "--null-directions",
+            str(null_directions),
         ]
         mem.append(run_measured(cmd)[1])
     rows.append(
@@ -344,9 +350,9 @@ def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int) -> lis
     return rows
 
 
-def probe_memory(model_name: str, seq_len: int, windows: int) -> None:
+def probe_memory(model_name: str, seq_len: int, windows: int, null_directions: int) -> None:
     """The probe pass over `windows` random windows, in batches of 8 (run in a subprocess by bench_angles)."""
-    torch, _, probe = probe_setup(model_name, seq_len)
+    torch, _, probe = probe_setup(model_name, seq_len, null_directions)
     gen = torch.Generator().manual_seed(0)
     probe((torch.randint(0, 50257, (8, seq_len), generator=gen), None) for _ in range(windows // 8))
 
@@ -363,13 +369,14 @@ def cpu_name() -> str:
 
 def main() -> None:
     """normlab-bench (conf/bench.yaml): the sections of `sections`, as one table printed and written to `out`; exit 1
-    when a check fails. `--probe-memory N --model M --seq-len L` is the subprocess that bench_angles measures."""
+    when a check fails. `--probe-memory N --model M --seq-len L --null-directions K` is the subprocess that
+    bench_angles measures."""
     if sys.argv[1:2] == ["--probe-memory"]:
         parser = argparse.ArgumentParser(prog="normlab-bench --probe-memory")
-        for flag, kind in (("--probe-memory", int), ("--model", str), ("--seq-len", int)):
+        for flag, kind in (("--probe-memory", int), ("--model", str), ("--seq-len", int), ("--null-directions", int)):
             parser.add_argument(flag, type=kind, required=True)
         args = parser.parse_args()
-        return probe_memory(args.model, args.seq_len, args.probe_memory)
+        return probe_memory(args.model, args.seq_len, args.probe_memory, args.null_directions)
     from normlab.cli import hydra_app
 
     @hydra_app("bench")
@@ -402,7 +409,7 @@ def main() -> None:
         if "prepare" in sections:
             rows += bench_prepare(cfg.scale)
         if "angles" in sections:
-            rows += bench_angles(cfg.model.name, cfg.seq_len, 4, 3 * cfg.repeats)
+            rows += bench_angles(cfg.model.name, cfg.seq_len, 4, 3 * cfg.repeats, cfg.null_directions)
         if "preflight" in sections:
             from normlab.preflight import preflight
 
