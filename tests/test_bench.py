@@ -11,7 +11,7 @@ from conftest import run_cli
 def test_every_section_writes_its_rows(prepared, tmp_path):
     out = tmp_path / "bench.md"
     result = run_cli("normlab-bench", "rows=256", "repeats=1", "steps=6", "scale=1", "model=tiny", "seq_len=64",
-                     f"out={out}")
+                     "null_directions=16", f"out={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout
@@ -27,6 +27,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert framework.endswith("(target >= 0.97); identical batches and weights after 6 steps")
     assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 2
     assert any(k.startswith("angle probe pass / plain forward (tiny") for k in rows)
+    assert any(k.startswith("angle probe pass with 16 null directions / plain forward (tiny") for k in rows)
     assert any(k.startswith("angle probe peak memory") for k in rows)
 
 
