@@ -214,8 +214,9 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
            f"out={tmp_path / 'out'}")
 
     summary = (tmp_path / "out/summary.md").read_text()
+    # the angle: (91 - 90) / 0.5 null sd
     assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°) "
-            "| 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] |") in summary  # (91 - 90) / 0.5
+            "| 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] |") in summary
     assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
             "-14.0 (final, 89.00°)‡") in summary
     assert "not run (normlab-ablate model_path=<the model's directory>)" in summary

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cluster_ready, needs_slurm, run_cli, state, wait
+from conftest import cluster_ready, needs_slurm, state, wait
 from normlab.paths import PROJECT_ROOT
 from normlab.run_dir import verify
 
