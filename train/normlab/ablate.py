@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
@@ -353,15 +352,3 @@ def main(cfg: DictConfig) -> None:
     write_csv(out, rows)
     print(summary(rows))
     print(f"wrote {out} ({len(rows)} rows, {rows[0]['windows']} windows, {rows[0]['tokens']:,} scored tokens)")
-
-
-class OneModelPerOut(Callback):
-    """A Hydra callback: out= names one CSV file, so a -m sweep over model_path with it is refused in one line."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from normlab.cli import fail, swept
-
-        if config.out is not None and "model_path" in swept(config.hydra.overrides.task):
-            fail("out= names one CSV file, but model_path is swept: give one model_path with it, or leave out out= "
-                 "(a run directory gets <run>/ablation.csv, any other model a CSV of its own under "
-                 "<paths.output_dir>/ablation/)")

@@ -140,13 +140,17 @@ class WritableOutputDir(Callback):
 
 
 class OneModelPerOut(Callback):
-    """A Hydra callback of normlab-angles: out= names one CSV file, so a -m sweep over model_path with it is refused
-    in one line before any job runs."""
+    """A Hydra callback of normlab-angles and normlab-ablate: out= names one CSV file, so a -m sweep over model_path
+    with it is refused in one line before any job runs; `default_outputs` says where each model's CSV goes without
+    out=."""
+
+    def __init__(self, default_outputs: str):
+        self.default_outputs = default_outputs
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         if config.out is not None and "model_path" in swept(config.hydra.overrides.task):
             fail("out= names one CSV file, but model_path is swept: give one model_path with it, or leave out out= "
-                 "(each model then gets a CSV of its own under <paths.output_dir>/angles/)")
+                 f"({self.default_outputs})")
 
 
 def swept(overrides) -> dict[str, list[str]]:
