@@ -10,7 +10,6 @@ of 0 whichever way it is ablated.
 """
 
 import csv
-import json
 import math
 import sys
 import tempfile
@@ -32,12 +31,11 @@ from normlab.angles import (
     AnalysisError,
     NormSite,
     check_positive,
-    checked_seq_len,
     default_name,
     device_name,
-    load_checkpoint,
     load_normlab,
     norm_sites,
+    normlab_probe,
     plan_hugging_face,
     run_identity,
 )
@@ -215,34 +213,24 @@ class Subject:
 def newest_checkpoint(run: Path) -> tuple[int, Path, list[str]]:
     """The newest intact checkpoint of a run directory (last.ckpt, previous.ckpt or a scheduled one), by the step that
     its digest file records, hashing from the newest down; and a warning for each damaged one passed on the way."""
-    from normlab.run_dir import LAST, PREVIOUS, RunDirError, digest_path, verify
-
-    def recorded_step(path: Path) -> int:
-        try:
-            return int(json.loads(digest_path(path).read_text())["step"])
-        except (OSError, ValueError, TypeError, KeyError):
-            return -1  # verify says what is wrong
+    from normlab.run_dir import LAST, PREVIOUS, newest_intact
 
     folder = run / "checkpoints"
-    candidates = [p for p in (folder / LAST, folder / PREVIOUS) if p.is_file()] + sorted(folder.glob("step-*.ckpt"))
+    # at equal steps a scheduled checkpoint (weights only) before last.ckpt: fewer bytes to hash
+    candidates = sorted(folder.glob("step-*.ckpt")) + [p for p in (folder / LAST, folder / PREVIOUS) if p.is_file()]
     if not candidates:
         raise AnalysisError(f"no checkpoint (.ckpt or <run>/checkpoints/*.ckpt) at {run}: give a .ckpt, a run "
                             "directory or a Hugging Face model directory (with its config.json)")
-    # at equal steps a scheduled checkpoint (weights only) before last.ckpt: fewer bytes to hash
-    candidates.sort(key=lambda p: (recorded_step(p), p.name.startswith("step-")), reverse=True)
-    damaged = []
-    for path in candidates:
-        try:
-            return verify(path).step, path, [f"{reason}: skipped" for reason in damaged]
-        except RunDirError as e:
-            damaged.append(str(e))
+    path, record, passed = newest_intact(candidates)
+    damaged = [reason for _, reason in passed]
+    if path is not None:
+        return record.step, path, [f"{reason}: skipped" for reason in damaged]
     more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
     raise AnalysisError(f"no intact checkpoint in {folder}: {damaged[0]}{more}; restore them from a copy, or train "
                         "the run again")
 
 
 def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
-    from normlab.data import load_probe
     from normlab.run_dir import RunDirError, verify
 
     if path.is_dir():
@@ -254,9 +242,7 @@ def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
         except RunDirError as e:
             raise AnalysisError(f"{e}: give another checkpoint of the run, or the run directory") from None
         out = Path(cfg.paths.output_dir) / "ablation" / default_name(path)
-    config = OmegaConf.to_container(OmegaConf.create(load_checkpoint(checkpoint)["hyper_parameters"]["config"]))
-    seq_len = checked_seq_len(cfg, path, config["model"]["block_size"], "model.block_size")
-    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, config["model"]["vocab_size"])
+    config, windows = normlab_probe(checkpoint, path, cfg)
     checkpoint = checkpoint.resolve()
     run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else config["run_name"]
     names = {**run_identity(config, str(checkpoint)), "run": run, "step": step}  # run: the directory's name

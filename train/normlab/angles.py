@@ -578,11 +578,19 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
                     windows, [], separator)
 
 
+def normlab_probe(checkpoint: Path, path: Path, cfg: DictConfig) -> tuple[dict, torch.Tensor]:
+    """The run config a normlab checkpoint carries, and the probe windows of `cfg` for its model (seq_len checked
+    against its context; `path`: what the user named, for the error)."""
+    from normlab.data import load_probe
+
+    config = OmegaConf.to_container(OmegaConf.create(load_checkpoint(checkpoint)["hyper_parameters"]["config"]))
+    seq_len = checked_seq_len(cfg, path, config["model"]["block_size"], "model.block_size")
+    return config, load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, config["model"]["vocab_size"])
+
+
 def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
     """A checkpoint, or every intact scheduled checkpoint of a run directory (damaged ones: a warning each)."""
-    from omegaconf import OmegaConf
 
-    from normlab.data import load_probe
     from normlab.run_dir import RunDirError, verify
 
     is_run = path.is_dir()
@@ -606,9 +614,7 @@ def plan_normlab(path: Path, cfg: DictConfig) -> Analysis:
             f"no intact checkpoint in {path / 'checkpoints'}: {damaged[0]}{more}; restore them from a "
             "copy, or train the run again"
         )
-    config = OmegaConf.to_container(OmegaConf.create(load_checkpoint(intact[0][1])["hyper_parameters"]["config"]))
-    seq_len = checked_seq_len(cfg, path, config["model"]["block_size"], "model.block_size")
-    windows = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len, config["model"]["vocab_size"])
+    config, windows = normlab_probe(intact[0][1], path, cfg)
     return Analysis(
         path,
         "normlab",

@@ -247,6 +247,26 @@ def verify(path: Path) -> Record:
     return record
 
 
+def recorded_step(path: Path) -> int:
+    """The step a checkpoint's digest file records (-1 when it cannot be read: verify says what is wrong)."""
+    try:
+        return int(json.loads(digest_path(path).read_text())["step"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return -1
+
+
+def newest_intact(paths: list[Path]) -> tuple[Path | None, Record | None, list[tuple[Path, str]]]:
+    """Of the checkpoints `paths`, the intact one of the highest recorded step (at equal steps, the first given),
+    verified from the newest down, with its record; and each damaged one passed on the way, with what is wrong."""
+    damaged = []
+    for path in sorted(paths, key=recorded_step, reverse=True):  # a stable sort: ties keep the order given
+        try:
+            return path, verify(path), damaged
+        except RunDirError as e:
+            damaged.append((path, str(e)))
+    return None, None, damaged
+
+
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO (rank 0 writes) through write_checkpoint. While `deferred`, a failed write is kept
     in `error` rather than raised, so that RunDirectory.save can stop every rank together instead of leaving the
@@ -613,20 +633,16 @@ class RunDirectory(Checkpoint):
         candidates = []
         for path in self.dir.glob("*.ckpt"):
             try:
-                record = json.loads(digest_path(path).read_text())
-                step, full = int(record["step"]), record["contents"] == "full"
+                full = json.loads(digest_path(path).read_text())["contents"] == "full"
             except (OSError, ValueError, KeyError, TypeError):
-                step, full = -1, path.name in (LAST, PREVIOUS)  # checked (and reported) below
+                full = path.name in (LAST, PREVIOUS)  # checked (and reported) by newest_intact
             if full and not path.name.startswith("nonfinite"):
-                candidates.append((step, path.name == LAST, path))
-        damaged = []
-        for step, _, path in sorted(candidates, reverse=True):
-            try:
-                record = verify(path)
-            except RunDirError as e:
-                damaged.append(str(e))
-                self.damaged.add(path.name)
-                continue
+                candidates.append(path)
+        candidates.sort(key=lambda p: p.name != LAST)  # at equal steps: last.ckpt first
+        path, record, passed = newest_intact(candidates)
+        self.damaged.update(p.name for p, _ in passed)
+        damaged = [reason for _, reason in passed]
+        if path is not None:
             for reason in damaged:
                 warn(f"{reason}: not resumed from; it is rewritten when the run passes its step again")
             self.resume_path, self.resume_step, self.last_good = path, record.step, path
