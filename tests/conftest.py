@@ -103,7 +103,16 @@ needs_slurm = pytest.mark.skipif(
 
 
 def state(job: str) -> str:
-    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True).stdout.strip()
+    """The job's state and reason as squeue shows them ("PENDING BeginTime"), "" once it has ended. A busy slurmctld
+    can fail a query (a socket time-out, with no output): that is asked again, never read as the job's end."""
+    for _ in range(30):
+        result = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %r"], capture_output=True, text=True)
+        if result.returncode == 0:
+            return result.stdout.strip()
+        if "Invalid job id" in result.stderr:  # ended longer ago than MinJobAge
+            return ""
+        time.sleep(1)
+    raise AssertionError(f"squeue failed 30 times for job {job}: {result.stderr.strip()}")
 
 
 def wait(predicate, timeout: float, what: str) -> None:
