@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from hydra import compose, initialize_config_dir
 
 from normlab.paths import CONF_DIR, DATA_DIR
@@ -43,10 +44,12 @@ def run_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = N
 
 @pytest.fixture(scope="session")
 def prepared() -> Path:
-    """The embedded corpus, prepared by the real `normlab-prepare` (once per checkout)."""
-    if not (EMBEDDED / "meta.json").is_file():
-        result = run_cli("normlab-prepare", "data=embedded")
-        assert result.returncode == 0, result.stderr
+    """The embedded corpus, prepared by the real `normlab-prepare` (once per checkout, whichever pytest-xdist
+    worker asks first: the others wait for it)."""
+    with FileLock(EMBEDDED.parent / ".embedded.lock"):
+        if not (EMBEDDED / "meta.json").is_file():
+            result = run_cli("normlab-prepare", "data=embedded")
+            assert result.returncode == 0, result.stderr
     return EMBEDDED
 
 
