@@ -31,6 +31,20 @@ FAST_TRAIN = [
 ]
 
 
+# `make test` runs the suite on 2 pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's
+# module fixtures are built once, and the Slurm tests share the one-node cluster in turn). The files that take
+# minutes go first, so that no long file starts last while the other worker has nothing left to do.
+LONGEST_FIRST = ["test_slurm.py", "test_distributed.py", "test_faults.py", "test_bench.py"]
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item):
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within each file and among the other files is kept
+
+
 def compose_config(config_name: str = "train", overrides: list[str] = (), with_hydra: bool = False):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
