@@ -1,7 +1,8 @@
-"""Entry points: normlab-train, normlab-prepare, normlab-describe, normlab-angles, normlab-report: thin Hydra mains
-over conf/ (the work is in normlab.pipeline, normlab.prepare, normlab.plan, normlab.angles, normlab.report;
-normlab-bench's is normlab.bench.main). Nothing heavy is imported before Hydra has parsed the command line, so that a
-bad command line, --help and shell completion are answered at once."""
+"""Entry points: normlab-train, -prepare, -describe, -angles, -ablate, -report, -export, -sample and -eval: thin Hydra
+mains over conf/ (the work is in the module of the same name; normlab-train's in normlab.pipeline, normlab-describe's
+in normlab.plan, normlab-eval's in normlab.evaluate; normlab-bench's is normlab.bench.main). Nothing heavy is imported
+before Hydra has parsed the command line, so that a bad command line, --help and shell completion are answered at
+once."""
 
 import contextlib
 import errno
