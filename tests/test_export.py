@@ -1,25 +1,45 @@
-"""normlab-export and normlab.export.hugging_face: GPT-2's tokenizer rebuilt from the tiktoken ranks gives tiktoken's
-ids; a trained LayerNorm and RMSNorm run, exported, give normlab's logits with transformers."""
+"""normlab-export and normlab.export.hugging_face, on a LayerNorm run (without bias) and an RMSNorm run (with bias),
+each trained once by the real normlab-train: the exported directories give normlab's logits with transformers, the
+angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their tokenizer (tiktoken's, on the whole
+embedded corpus), and the RMSNorm one loads with trust_remote_code where normlab cannot be imported."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import DOCS, EMBEDDED, FAST_TRAIN, run_cli
+from conftest import DOCS, EMBEDDED, FAST_TRAIN, compose_config, run_cli
 from normlab import tokenizer as gpt2
-from normlab.angles import load_normlab
-from normlab.export import gpt2_tokenizer, hugging_face
+from normlab.angles import load_normlab, read_csv
+from normlab.export import ExportError, hugging_face, main
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
 
 NORMS = ("layernorm_nobias", "rmsnorm_bias")  # the bias-free LN gets zero biases; the RMS model keeps its bias
+CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs
 
 
 @pytest.fixture(scope="module")
-def runs(prepared, tmp_path_factory) -> dict:
-    """One tiny run per norm, trained by the real normlab-train (untied LM head, the preset's default)."""
+def runs(prepared, tmp_path_factory) -> Path:
+    """<root>/<norm>: one tiny run per norm, trained by one real normlab-train sweep (its LM head untied, as the
+    preset's); the RMSNorm run exported by the real normlab-export (to its default out), the LayerNorm one
+    in-process."""
     root = tmp_path_factory.mktemp("runs")
-    for norm in NORMS:
-        result = run_cli("normlab-train", f"norm={norm}", f"run_dir={root / norm}", *FAST_TRAIN)
-        assert result.returncode == 0, result.stderr[-3000:]
-    return {norm: root / norm for norm in NORMS}
+    result = run_cli("normlab-train", "-m", f"norm={','.join(NORMS)}", f"run_dir={root}/${{norm.name}}", *FAST_TRAIN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = run_cli("normlab-export", f"model_path={root / 'rmsnorm_bias'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert exported.stdout.startswith(f"wrote {root / 'rmsnorm_bias/hf/step-0000006'} (NormlabRMSGPT2LMHeadModel")
+    main(compose_config("export", [f"model_path={root / 'layernorm_nobias' / CHECKPOINT}"]))
+    return root
+
+
+def export_of(runs: Path, norm: str) -> Path:
+    return runs / norm / "hf" / "step-0000006"
 
 
 def embedded_documents(split: str) -> list[np.ndarray]:
@@ -28,9 +48,16 @@ def embedded_documents(split: str) -> list[np.ndarray]:
     return np.split(ids, np.flatnonzero(ids == gpt2.EOT) + 1)[:-1]
 
 
-def test_the_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(prepared):
-    tokenizer, encoding = gpt2_tokenizer(), gpt2.gpt2()
-    assert type(tokenizer).__name__ == "GPT2Tokenizer" and len(tokenizer) == gpt2.VOCAB_SIZE
+def probe_batch() -> torch.Tensor:
+    return torch.from_numpy(embedded_documents("val")[0][: 4 * 128].reshape(4, 128))
+
+
+def test_the_exported_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(runs, tmp_path):
+    exported = export_of(runs, "layernorm_nobias")
+    assert {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"} <= {p.name for p in
+                                                                                        exported.iterdir()}
+    tokenizer, encoding = AutoTokenizer.from_pretrained(exported), gpt2.gpt2()
+    assert isinstance(tokenizer, GPT2TokenizerFast) and len(tokenizer) == gpt2.VOCAB_SIZE
     assert tokenizer.eos_token_id == tokenizer.bos_token_id == tokenizer.unk_token_id == gpt2.EOT
     documents = embedded_documents("train") + embedded_documents("val")
     assert len(documents) == 42
@@ -40,22 +67,120 @@ def test_the_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(prepared):
     for text in DOCS:  # accents, a symbol, an emoji: byte-level merges beyond ASCII
         assert tokenizer(text)["input_ids"] == encoding.encode(text)
         assert tokenizer.decode(encoding.encode(text)) == text
+    for name in ("vocab.json", "merges.txt"):  # GPT-2's files, for tools that build the tokenizer from them alone
+        shutil.copy(exported / name, tmp_path / name)
+    from_files = GPT2TokenizerFast.from_pretrained(tmp_path)
+    assert len(json.loads((tmp_path / "vocab.json").read_text())) == gpt2.VOCAB_SIZE
+    assert len((tmp_path / "merges.txt").read_text().splitlines()) == 1 + gpt2.EOT - 256  # a header, then merges
+    assert from_files(texts[-1])["input_ids"] == documents[-1][:-1].tolist()
+    assert [from_files(text)["input_ids"] for text in DOCS] == [encoding.encode(text) for text in DOCS]
 
 
 @pytest.mark.parametrize("norm", NORMS)
-def test_hugging_face_gives_normlabs_logits(runs, norm):
-    checkpoint = runs[norm] / "checkpoints" / "step-0000006.ckpt"
-    model, tokenizer = hugging_face(checkpoint)
-    expected_class = "GPT2LMHeadModel" if norm.startswith("layernorm") else "NormlabRMSGPT2LMHeadModel"
-    assert type(model).__name__ == expected_class and not model.training
+def test_the_export_gives_normlabs_logits(runs, norm):
+    import normlab.hf_rmsnorm_gpt2  # noqa: F401 (what normlab-angles does: from_pretrained then needs no remote code)
+
+    exported = export_of(runs, norm)
+    config = json.loads((exported / "config.json").read_text())
+    expected_type = "gpt2" if norm.startswith("layernorm") else "normlab_rms_gpt2"
+    assert config["model_type"] == expected_type and config["tie_word_embeddings"] is False
+    assert config["normlab"] == {"run": config["normlab"]["run"], "model": "tiny", "norm": norm, "seed": 0, "step": 6,
+                                 "checkpoint": "step-0000006.ckpt"}
+    model = AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert type(model).__name__ == ("GPT2LMHeadModel" if expected_type == "gpt2" else "NormlabRMSGPT2LMHeadModel")
     assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr()  # untied, as trained
-    assert model.config.normlab == {"run": model.config.normlab["run"], "model": "tiny", "norm": norm, "seed": 0,
-                                    "step": 6, "checkpoint": "step-0000006.ckpt"}
-    assert tokenizer.model_max_length == model.config.n_positions == 128
-    batch = torch.from_numpy(embedded_documents("val")[0][: 4 * 128].reshape(4, 128))
+    if norm == "layernorm_nobias":
+        assert all(not m.bias.any() for name, m in model.named_modules() if name.endswith(("ln_1", "ln_2", "ln_f")))
+    else:
+        assert config["norm_bias"] is True and model.transformer.ln_f.bias.abs().sum() > 0  # trained: not zeros
+    batch = probe_batch()
     with torch.no_grad():
-        logits, expected = model(batch).logits, load_normlab(checkpoint).eval()(batch)
+        logits, expected = model(batch).logits, load_normlab(runs / norm / CHECKPOINT).eval()(batch)
     assert logits.shape == expected.shape == (4, 128, gpt2.VOCAB_SIZE)
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-4)
-    half, _ = hugging_face(checkpoint, dtype="bfloat16")
-    assert half.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_hugging_face_gives_normlabs_logits_in_memory(runs, norm):
+    model, tokenizer = hugging_face(runs / norm / CHECKPOINT)
+    assert not model.training and isinstance(tokenizer, GPT2TokenizerFast)
+    assert tokenizer.model_max_length == model.config.n_positions == 128
+    assert model.config.normlab["norm"] == norm and model.config.normlab["step"] == 6
+    batch = probe_batch()
+    with torch.no_grad():
+        expected = load_normlab(runs / norm / CHECKPOINT).eval()(batch)
+        torch.testing.assert_close(model(batch).logits, expected, rtol=1e-5, atol=1e-4)
+        half, _ = hugging_face(runs / norm / CHECKPOINT, dtype="bfloat16")
+        assert half.dtype == torch.bfloat16 and (half(batch).logits.float() - expected).abs().mean() < 0.05
+
+
+def test_normlab_angles_gives_the_same_rows_for_the_export_and_the_checkpoint(runs, tmp_path):
+    paths = [p for norm in NORMS for p in (runs / norm / CHECKPOINT, export_of(runs, norm))]
+    result = run_cli("normlab-angles", "-m", f"model_path={','.join(map(str, paths))}", f"paths.output_dir={tmp_path}",
+                     "probe.tokens=8192", "probe.null_directions=8", "device=cpu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [row for csv_file in sorted((tmp_path / "angles").rglob("*.csv")) for row in read_csv(csv_file)]
+    by_source = {}
+    for row in rows:
+        by_source.setdefault(row["source"], {})[(row["layer"], row["site"], row["reference"], row["position"])] = row
+    for norm in NORMS:
+        checkpoint = by_source[str((runs / norm / CHECKPOINT).resolve())]
+        exported = by_source[str(export_of(runs, norm).resolve())]
+        assert checkpoint.keys() == exported.keys() and len(checkpoint) >= 5 * 7 * 2  # 5 norms, 7 rows, 2+ positions
+        for key, row in checkpoint.items():
+            other = exported[key]
+            assert other["count"] == row["count"] > 0, key
+            assert abs(other["mean_deg"] - row["mean_deg"]) < 1e-4 and abs(other["std_deg"] - row["std_deg"]) < 1e-4
+            assert (other["run"], other["norm"], other["seed"], other["step"]) == (
+                row["run"], row["norm"], str(row["seed"]), row["step"]), key
+
+
+def test_the_rmsnorm_export_loads_with_trust_remote_code_without_normlab(runs, tmp_path):
+    copy = shutil.copytree(export_of(runs, "rmsnorm_bias"), tmp_path / "copy")
+    batch = probe_batch()
+    torch.save(batch, tmp_path / "batch.pt")
+    script = (
+        "import sys, torch; from transformers import AutoModelForCausalLM\n"
+        "model = AutoModelForCausalLM.from_pretrained('copy', trust_remote_code=True).eval()\n"
+        "with torch.no_grad(): torch.save(model(torch.load('batch.pt')).logits, 'logits.pt')\n"
+        "print(type(model).__module__, type(model.transformer.ln_f).__name__, 'normlab' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {"HF_HOME": str(tmp_path / "hf_home")}
+    result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    module, norm_class, normlab_imported = result.stdout.split()
+    assert module.startswith("transformers_modules") and module.endswith("hf_rmsnorm_gpt2")
+    assert (norm_class, normlab_imported) == ("RMSNorm", "False")
+    expected = load_normlab(runs / "rmsnorm_bias" / CHECKPOINT).eval()(batch).detach()
+    torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-5, atol=1e-4)
+    assert (Path(copy) / "hf_rmsnorm_gpt2.py").read_text().count("import normlab") == 0
+
+
+def test_an_existing_out_is_replaced_only_with_overwrite(runs, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    overrides = [f"model_path={runs / 'layernorm_nobias'}", f"out={out}"]
+    with pytest.raises(ExportError, match=f"out={out} exists and is not empty: give another out=, or overwrite=true"):
+        main(compose_config("export", overrides))
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    main(compose_config("export", [*overrides, "overwrite=true"]))
+    assert (out / "config.json").is_file() and not (out / "notes.txt").exists()
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left
+
+
+@pytest.mark.parametrize(
+    "model_path, message",
+    [
+        ("nothing", "{tmp}/nothing does not exist: give a .ckpt or a run directory"),
+        ("empty", "no checkpoint at {tmp}/empty (neither a .ckpt nor a run directory with checkpoints/*.ckpt)"),
+        ("bad.ckpt", "{tmp}/bad.ckpt has no digest file bad.ckpt.json"),
+    ],
+)
+def test_what_cannot_be_exported_is_one_error(tmp_path, model_path, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ExportError) as error:
+        main(compose_config("export", [f"model_path={tmp_path / model_path}"]))
+    assert str(error.value).startswith(message.format(tmp=tmp_path)) and "\n" not in str(error.value)

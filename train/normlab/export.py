@@ -127,3 +127,97 @@ def hugging_face(checkpoint: Path, dtype: str = "float32"):
     model = load_normlab(checkpoint)
     converted = hf_model(model, metadata(checkpoint)).to(DTYPES[dtype]).eval()
     return converted, gpt2_tokenizer(model.config.block_size)
+
+
+# -- the command (conf/export.yaml)
+
+
+def newest_checkpoint(run: Path) -> tuple[Path, int]:
+    """The newest intact checkpoint of a run directory (a scheduled one, last.ckpt or previous.ckpt) by the step its
+    digest file records, with that step; a warning for each damaged one passed on the way."""
+    from normlab.run_dir import LAST, PREVIOUS, newest_intact
+
+    folder = run / "checkpoints"
+    # at equal steps a scheduled checkpoint (weights only) before last.ckpt: fewer bytes to hash
+    candidates = sorted(folder.glob("step-*.ckpt")) + [p for p in (folder / LAST, folder / PREVIOUS) if p.is_file()]
+    if not candidates:
+        raise ExportError(f"no checkpoint at {run} (neither a .ckpt nor a run directory with checkpoints/*.ckpt): "
+                          "give a .ckpt or a run directory")
+    path, record, damaged = newest_intact(candidates)
+    for _, reason in damaged:
+        print(f"warning: {reason}: skipped", file=sys.stderr, flush=True)
+    if path is None:
+        more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
+        raise ExportError(f"no intact checkpoint in {folder}: {damaged[0][1]}{more}; restore them from a copy, or "
+                          "train the run again")
+    return path, record.step
+
+
+def checked_checkpoint(path: Path) -> tuple[Path, int]:
+    """`path` (a .ckpt, or a run directory: its newest intact checkpoint), verified against its digest file."""
+    from normlab.run_dir import RunDirError, verify
+
+    if not path.exists():
+        raise ExportError(f"{path} does not exist: give a .ckpt or a run directory")
+    if path.is_dir():
+        if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+            raise ExportError(f"{path} is a Hugging Face model directory already: give a .ckpt or a run directory")
+        return newest_checkpoint(path)
+    try:
+        return path, verify(path).step
+    except RunDirError as e:
+        raise ExportError(f"{e}: give another checkpoint of the run, or the run directory") from None
+
+
+def default_out(checkpoint: Path, step: int) -> Path:
+    """<run>/hf/step-NNNNNNN for a checkpoint of a run directory, else <folder>/<checkpoint's name>-hf."""
+    checkpoint = checkpoint.absolute()
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / "hf" / f"step-{step:07d}"
+    return checkpoint.with_name(f"{checkpoint.stem}-hf")
+
+
+def checked_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"out={out} is a file: give a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"out={out} exists and is not empty: give another out=, or overwrite=true to replace it")
+
+
+def write(model, tokenizer, out: Path) -> None:
+    """Model and tokenizer files into a temporary folder beside `out`, renamed to `out` once complete (an existing
+    `out`, which overwrite=true allows, is removed only then)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)  # tokenizer.json and tokenizer_config.json
+        tokenizer.backend_tokenizer.model.save(str(tmp))  # vocab.json and merges.txt, for GPT-2's slow tokenizer
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(f"cannot write {out} ({e.strerror or e}): give a writable out=") from None
+
+
+def main(cfg: DictConfig) -> None:
+    """normlab-export (normlab.cli.export): `model_path` (a .ckpt, or a run directory's newest intact checkpoint) as a
+    Hugging Face model directory with GPT-2's tokenizer files, in `out` (conf/export.yaml)."""
+    if OmegaConf.is_missing(cfg, "model_path") or not str(cfg.model_path).strip():
+        raise ExportError("no model given: model_path=RUN_DIR or model_path=CHECKPOINT.ckpt")
+    if cfg.dtype not in DTYPES:
+        raise ExportError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
+    if not isinstance(cfg.overwrite, bool):
+        raise ExportError(f"overwrite={cfg.overwrite}: give true or false")
+    checkpoint, step = checked_checkpoint(Path(str(cfg.model_path)))
+    out = Path(str(cfg.out)) if cfg.out is not None else default_out(checkpoint, step)
+    checked_out(out, cfg.overwrite)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # of loading and writing the weights, which take no time here
+    model, tokenizer = hugging_face(checkpoint, cfg.dtype)
+    write(model, tokenizer, out)
+    print(f"wrote {out} ({type(model).__name__}, {cfg.dtype}, {model.config.normlab['norm']}, step {step} of "
+          f"{model.config.normlab['run']})")
