@@ -59,6 +59,7 @@ class NormSite:
 LAYOUTS = {
     "normlab": ("blocks", "ln_1", "ln_2", "ln_f"),
     "gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),
+    "normlab_rms_gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),  # normlab-export's RMSNorm GPT-2
     "gpt_neo": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),
     "gptj": ("transformer.h", "ln_1", None, "transformer.ln_f"),  # attention and MLP share one norm
     "gpt_neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm"),
@@ -487,6 +488,8 @@ def load_normlab(path: Path, dtype: str = "float32") -> nn.Module:
 def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
     from transformers import AutoModelForCausalLM
 
+    from normlab import hf_rmsnorm_gpt2  # noqa: F401 (registers the model type of normlab-export's RMSNorm models)
+
     with loading(f"the model in {path}"):
         return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])  # raw weights: nothing folded
 
@@ -564,6 +567,7 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
         )
     from transformers import AutoConfig
 
+    from normlab import hf_rmsnorm_gpt2  # noqa: F401 (registers the model type of normlab-export's RMSNorm models)
     from normlab.data import load_probe
 
     with loading(config_file):
@@ -572,10 +576,13 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
     seq_len = checked_seq_len(cfg, path, getattr(config, context_key), f"{context_key} in config.json")
     probe = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len)
     windows, separator = hf_windows(path, probe, config.vocab_size, seq_len)
-    identity = {"run": path.resolve().name, "model": model_type, "norm": "rmsnorm" if model_type == "llama" else
-                "layernorm", "seed": "", "source": str(path.resolve())}
-    return Analysis(path, model_type, [(0, partial(load_hugging_face, path, cfg.get("dtype", "float32")), identity)],
-                    windows, [], separator)
+    exported = getattr(config, "normlab", None) or {}  # what normlab-export records of the run it exported
+    rms = model_type in ("llama", "normlab_rms_gpt2")
+    identity = {"run": exported.get("run", path.resolve().name), "model": model_type,
+                "norm": exported.get("norm", "rmsnorm" if rms else "layernorm"), "seed": exported.get("seed", ""),
+                "source": str(path.resolve())}
+    load = partial(load_hugging_face, path, cfg.get("dtype", "float32"))
+    return Analysis(path, model_type, [(exported.get("step", 0), load, identity)], windows, [], separator)
 
 
 def normlab_probe(checkpoint: Path, path: Path, cfg: DictConfig) -> tuple[dict, torch.Tensor]:
