@@ -305,6 +305,7 @@ def test_ddp_ranks_merge_to_the_single_process_result(tmp_path):
 
 def tiny_hf(model_type):
     transformers = pytest.importorskip("transformers")
+    from normlab.hf_rmsnorm_gpt2 import NormlabRMSGPT2Config  # registers its model type with AutoModelForCausalLM
     common = dict(vocab_size=50257, num_hidden_layers=2, num_attention_heads=4)
     configs = {
         "gpt2": transformers.GPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
@@ -323,6 +324,7 @@ def tiny_hf(model_type):
             **common, hidden_size=32, intermediate_size=64, max_position_embeddings=64
         ),
         "llama": transformers.LlamaConfig(**common, hidden_size=32, intermediate_size=64, max_position_embeddings=64),
+        "normlab_rms_gpt2": NormlabRMSGPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
     }
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(configs[model_type]).eval()
@@ -334,7 +336,8 @@ def test_hooks_land_on_the_norm_modules_of_every_architecture(model_type):
     sites = norm_sites(model, model_type)
     norm_classes = {type(s.module).__name__ for s in sites}
     assert all("Norm" in name for name in norm_classes), norm_classes
-    assert "RMSNorm" in "".join(norm_classes) if model_type == "llama" else norm_classes == {"LayerNorm"}
+    rms = model_type in ("llama", "normlab_rms_gpt2")
+    assert "RMSNorm" in "".join(norm_classes) if rms else norm_classes == {"LayerNorm"}
     roles = [(s.layer, s.role) for s in sites]
     per_block = ["attn_norm"] if model_type == "gptj" else ["attn_norm", "mlp_norm"]
     assert roles == [(i, r) for i in range(2) for r in per_block] + [(2, "final_norm")]

@@ -576,7 +576,8 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
     seq_len = checked_seq_len(cfg, path, getattr(config, context_key), f"{context_key} in config.json")
     probe = load_probe(cfg.probe.dir, cfg.probe.split, cfg.probe.tokens, seq_len)
     windows, separator = hf_windows(path, probe, config.vocab_size, seq_len)
-    exported = getattr(config, "normlab", None) or {}  # what normlab-export records of the run it exported
+    exported = getattr(config, "normlab", None)  # what normlab-export records of the run it exported
+    exported = exported if isinstance(exported, dict) else {}
     rms = model_type in ("llama", "normlab_rms_gpt2")
     identity = {"run": exported.get("run", path.resolve().name), "model": model_type,
                 "norm": exported.get("norm", "rmsnorm" if rms else "layernorm"), "seed": exported.get("seed", ""),
