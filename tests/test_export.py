@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,9 @@ import torch
 from conftest import DOCS, EMBEDDED, FAST_TRAIN, compose_config, run_cli
 from normlab import tokenizer as gpt2
 from normlab.angles import load_normlab, read_csv
-from normlab.export import ExportError, hugging_face, main
+from normlab.export import ExportError, hf_model, hugging_face, main
+from normlab.model import GPT, GPTConfig
+from normlab.norms import LayerNorm, RMSNorm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
 
 NORMS = ("layernorm_nobias", "rmsnorm_bias")  # the bias-free LN gets zero biases; the RMS model keeps its bias
@@ -184,3 +187,23 @@ def test_what_cannot_be_exported_is_one_error(tmp_path, model_path, message):
     with pytest.raises(ExportError) as error:
         main(compose_config("export", [f"model_path={tmp_path / model_path}"]))
     assert str(error.value).startswith(message.format(tmp=tmp_path)) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("norm", [LayerNorm, RMSNorm])
+def test_every_norm_with_a_tied_head_exports_to_the_same_logits(tmp_path, norm, bias):
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, tie_embeddings=True), partial(norm, bias=bias))
+    model.init_weights(seed=1)
+    with torch.no_grad():  # gains and biases away from 1 and 0, so that a wrong mapping shows
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    hf_model(model.eval(), {"run": "random"}).save_pretrained(tmp_path)
+    import normlab.hf_rmsnorm_gpt2  # noqa: F401 (registers the RMSNorm model type)
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert exported.config.tie_word_embeddings and exported.lm_head.weight is exported.transformer.wte.weight
+    assert exported.config.model_type == ("gpt2" if norm is LayerNorm else "normlab_rms_gpt2")
+    ids = torch.randint(0, gpt2.VOCAB_SIZE, (3, 16), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, model(ids), rtol=1e-5, atol=1e-5)
