@@ -1,7 +1,8 @@
 """normlab-export and normlab.export.hugging_face, on a LayerNorm run (without bias) and an RMSNorm run (with bias),
 each trained once by the real normlab-train: the exported directories give normlab's logits with transformers, the
 angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their tokenizer (tiktoken's, on the whole
-embedded corpus), and the RMSNorm one loads with trust_remote_code where normlab cannot be imported."""
+embedded corpus), and the RMSNorm one loads with trust_remote_code in a process that never imports normlab; and
+random models of every norm, with and without bias, with a tied head."""
 
 import json
 import os

@@ -13,6 +13,7 @@ import shutil
 import sys
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 from normlab import norms
 from normlab import tokenizer as gpt2
 from normlab.errors import NormlabError
+
+if TYPE_CHECKING:
+    import transformers  # only for the annotations: importing it takes seconds
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -118,9 +122,11 @@ def metadata(checkpoint: Path) -> dict:
             "seed": config["seed"], "step": ckpt["global_step"], "checkpoint": checkpoint.name}
 
 
-def hugging_face(checkpoint: Path, dtype: str = "float32"):
+def hugging_face(
+    checkpoint: Path, dtype: str = "float32"
+) -> "tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]":
     """The model of a normlab checkpoint as a transformers model (eval mode, in `dtype`) and GPT-2's tokenizer, in
-    memory: -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]."""
+    memory (nothing is written)."""
     from normlab.angles import load_normlab
 
     checkpoint = Path(checkpoint)
