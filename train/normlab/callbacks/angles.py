@@ -6,7 +6,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from normlab.angles import CSV_COLUMNS, measure, norm_sites, run_identity, stat_rows
 from normlab.data import load_probe
@@ -116,6 +116,20 @@ class AngleCallback(L.Callback):
             self.run.write_angles(records, list(CSV_COLUMNS))
             if log:
                 self._log_wandb(trainer, records)
+                self._log_tensorboard(trainer, records)
+
+    @staticmethod
+    def _log_tensorboard(trainer, records: list[dict]) -> None:
+        import matplotlib.image
+
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.log_metrics(wandb_scalars(records), step=trainer.global_step)
+                with tempfile.TemporaryDirectory() as tmp:  # the report's figure is saved and closed: read its PNG
+                    figure = layer_figure(records, Path(tmp))
+                    image = matplotlib.image.imread(Path(tmp) / figure)[..., :3]
+                logger.experiment.add_image("angles-figure/angle_to_1_by_layer", image, trainer.global_step,
+                                            dataformats="HWC")
 
     @staticmethod
     def _log_wandb(trainer, records: list[dict]) -> None:
