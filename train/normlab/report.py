@@ -122,10 +122,11 @@ def norm_variant(norm: dict) -> Variant:
 INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions"}
 FLOAT_COLUMNS = {"mean_deg", "std_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
                  "sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "loss", "ablated_loss",
-                 "delta", "ci_low", "ci_high", "share_along_1"}
+                 "delta", "ci_low", "ci_high", "share_along_1", "value", "stderr"}
 ANGLE_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "mean_cos2",
                  "null_std_deg", "d")  # what the report needs of an angles CSV; any other column is optional
 ABLATION_COLUMNS = ("site", "delta")
+EVAL_COLUMNS = ("step", "task", "metric", "value")
 
 
 def table_value(column: str, value: str) -> int | float | str | None:
@@ -171,6 +172,13 @@ def read_angles(path: Path, remedy: str) -> list[dict]:
         raise AnalysisError(f"{e}: {remedy}") from None
 
 
+def read_evaluation(path: Path) -> list[dict]:
+    try:
+        return read_rows(path, table_value, EVAL_COLUMNS)
+    except DamagedTable as e:
+        raise AnalysisError(f"{e}: move it aside and evaluate the run again with normlab-eval") from None
+
+
 def read_ablation(path: Path) -> list[dict]:
     try:
         return read_rows(path, table_value, ABLATION_COLUMNS)
@@ -186,6 +194,7 @@ class Run:
     metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     angles: list[dict] = field(default_factory=list)
     ablation: list[dict] = field(default_factory=list)
+    evaluation: list[dict] = field(default_factory=list)  # eval/results.csv of normlab-eval
     left_out: str = ""  # why the run is not compared ("": it is)
     note: str = ""  # what else the runs table says of it
 
@@ -251,6 +260,8 @@ def load_run(run_dir: Path, name: str) -> Run:
         )
     if (run_dir / "ablation.csv").is_file():
         run.ablation = read_ablation(run_dir / "ablation.csv")
+    if (run_dir / "eval" / "results.csv").is_file():
+        run.evaluation = read_evaluation(run_dir / "eval" / "results.csv")
     return run
 
 
@@ -843,6 +854,38 @@ def comparison_table(group: Group) -> str:
     return "\n".join(lines) + "\n"
 
 
+def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
+    """(task, metric) -> (step, value) of a run's normlab-eval rows, at the newest step evaluated."""
+    values = {}
+    for row in sorted(run.evaluation, key=lambda r: r["step"]):
+        if row["value"] is not None:
+            values[(row["task"], row["metric"])] = (row["step"], row["value"])
+    return values
+
+
+def evaluation_table(group: Group) -> str:
+    """Per comparison, task and metric of normlab-eval: uncentred minus centred, paired by seed, with its t
+    interval."""
+    lines = ["| comparison | task | metric | pairs (seeds) | steps | difference per seed | mean | 95% CI (t) | "
+             "excludes 0 |", "|---|---|---|---|---|---|---:|---|---|"]
+    for c in group.comparisons:
+        pairs = [(centred, evaluation_values(centred), evaluation_values(uncentred)) for centred, uncentred in c.pairs]
+        for task, metric in sorted({k for _, cv, uv in pairs for k in cv.keys() & uv.keys()}):
+            found = [(run.seed, cv[(task, metric)], uv[(task, metric)]) for run, cv, uv in pairs
+                     if (task, metric) in cv and (task, metric) in uv]
+            differences = [u[1] - v[1] for _, v, u in found]
+            i = Interval.of(differences)
+            ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}]"
+            excludes = "—" if i.excludes_zero is None else "**yes**" if i.excludes_zero else "no"
+            steps = ", ".join(sorted({f"{v[0]:,}/{u[0]:,}" for _, v, u in found}))
+            lines.append(f"| {c.label} | {task} | {metric} | {i.n} ({', '.join(str(s) for s, _, _ in found)}) | "
+                         f"{steps} | {', '.join(f'{d:+.4f}' for d in differences)} | {i.mean:+.4f} | {ci} | "
+                         f"{excludes} |")
+    if len(lines) == 2:
+        return ""
+    return "\n".join(lines) + "\n\nSteps: the centred/uncentred run's checkpoint (its newest in eval/results.csv).\n"
+
+
 def layer_table(series: list[Series]) -> str:
     """Per norm input: each norm's angle to 1 (mean over seeds ± their sd), its deviation in null sds and the
     share of the squared norm along 1."""
@@ -989,6 +1032,8 @@ def group_section(group: Group, parameters: dict) -> str:
         text.append(f"*{DEMO_NOTE}.*\n")
     text += ["### Runs\n", runs_table(group, parameters), "### Final validation loss, paired by seed\n",
              comparison_table(group)]
+    if table := evaluation_table(group):
+        text += ["### Evaluation (normlab-eval), uncentred − centred, paired by seed\n", table]
     if table := layer_table(group.series()):
         text += ["### Angle to 1 at the norm inputs, per layer (mean over seeds ± their sd)\n", table]
     return "\n".join(text)
