@@ -186,9 +186,11 @@ def metric_rows(results: dict) -> list[dict]:
 def harness_rows(checkpoint: Path, names: list[str], cfg: DictConfig, device: str) -> list[dict]:
     import lm_eval
     from lm_eval.models.huggingface import HFLM
+    from transformers.utils import logging as transformers_logging
 
     from normlab.export import hugging_face
 
+    transformers_logging.disable_progress_bar()  # "Loading weights": an error below stays one line on stderr
     manager = task_manager([str(p) for p in cfg.include_path])
     model, tokenizer = hugging_face(checkpoint, cfg.dtype)
     lm = HFLM(pretrained=model.to(device), tokenizer=tokenizer, batch_size=cfg.batch_size,
