@@ -282,6 +282,16 @@ def wandb_settings(subject: Subject, wanted: bool) -> dict | None:
             "name": logger.get("name"), "id": identifier, "dir": str(subject.run_dir), "mode": mode}
 
 
+NUMBER_COLUMNS = {"seed", "step", "value", "stderr", "count", "num_fewshot"}
+
+
+def cell(column: str, value):
+    """A value of a row (read back from the CSV as text, or new) as one type per wandb table column."""
+    if column not in NUMBER_COLUMNS:
+        return str(value)
+    return None if value in ("", None) else float(value)
+
+
 def log_to_wandb(settings: dict, rows: list[dict]) -> None:
     """Summary values eval/<task>/<metric> (each at the newest step evaluated) and a table of every row."""
     import wandb
@@ -289,7 +299,8 @@ def log_to_wandb(settings: dict, rows: list[dict]) -> None:
     rows = sorted(rows, key=lambda r: int(r["step"]))
     run = wandb.init(**settings, resume="allow", settings=wandb.Settings(quiet=True, silent=True))
     run.summary.update({f"eval/{r['task']}/{r['metric']}": float(r["value"]) for r in rows})
-    run.log({"eval/results": wandb.Table(columns=list(CSV_COLUMNS), data=[[r[c] for c in CSV_COLUMNS] for r in rows])})
+    data = [[cell(column, r[column]) for column in CSV_COLUMNS] for r in rows]
+    run.log({"eval/results": wandb.Table(columns=list(CSV_COLUMNS), data=data)})
     run.finish()
 
 
