@@ -204,3 +204,24 @@ def test_the_report_pairs_ln_and_rms_on_every_task_and_metric(evaluated, tmp_pat
         difference = float(value(rms, task, metric)["value"]) - float(value(ln, task, metric)["value"])
         assert (f"| rmsnorm − layernorm (the bias differs too) | {task} | {metric} | 1 (0) | 6/6 | {difference:+.4f} "
                 f"| {difference:+.4f} | no interval: one pair | — |") in summary
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("tasks=[]", "no task given: tasks=[lambada_openai,hellaswag] (harness tasks) and perplexity_<data> "
+                 "(held-out perplexity)"),
+    ("tasks=[perplexity_nothing]", "task perplexity_nothing: data/nothing is not prepared (no "),
+    ("perplexity.tokens=64", "perplexity.tokens=64 is less than one window of the model's context (128 tokens): give "
+                             "at least that many, or null for the whole split"),
+    ("limit=0", "limit=0: give a whole number from 1, or null for all examples"),
+    ("include_path=[/nothing]", "include_path: /nothing is not a folder: give folders of task YAML files"),
+    ("model_path=/nothing", "/nothing does not exist: give a .ckpt or a run directory"),
+])
+def test_bad_input_is_refused_before_anything_runs_or_is_written(evaluated, tmp_path, setting, message):
+    from normlab.evaluate import EvalError
+
+    overrides = [f"model_path={evaluated / 'runs' / 'layernorm'}", "tasks=[perplexity_embedded]", f"out={tmp_path}/out",
+                 setting]
+    with pytest.raises(EvalError) as raised:
+        main(compose_config("eval", overrides))
+    assert str(raised.value).startswith(message) and "\n" not in str(raised.value)
+    assert not (tmp_path / "out").exists()
