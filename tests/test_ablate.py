@@ -7,14 +7,15 @@ from functools import partial
 
 import pytest
 import torch
+from omegaconf import OmegaConf
+
 from conftest import compose_config, run_cli
-from test_angles import orthogonal_to_1
 from normlab.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind
 from normlab.angles import AnalysisError, NormSite, norm_sites
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm
 from normlab.run_dir import write_checkpoint
-from omegaconf import OmegaConf
+from test_angles import orthogonal_to_1
 
 VOCAB = 200
 NORMS = {"layernorm": LayerNorm, "layernorm_nobias": partial(LayerNorm, bias=False), "rmsnorm": RMSNorm,

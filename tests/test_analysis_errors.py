@@ -10,8 +10,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, run_cli
-from test_angles import tiny_hf
 from normlab.angles import read_csv
+from test_angles import tiny_hf
 
 STEP_2 = "run/checkpoints/step-0000002.ckpt"
 SCHEDULED_ONLY = shutil.ignore_patterns("last.ckpt*", "previous.ckpt*")  # large, and not analysed: left out of copies
@@ -95,7 +95,8 @@ CASES = {
     "config.json not JSON": (ANGLES, ["model_path={tmp}/hf"], (write('{"model_type": "gpt2",'), "hf/config.json"),
                              ["{tmp}/hf/config.json is not valid JSON (Expecting", "restore the model's config.json"]),
     "unsupported model type": (ANGLES, ["model_path={tmp}/hf"], (set_model_type, "hf/config.json"),
-                               ["{tmp}/hf: model type bert is not supported (supported: gpt2, normlab_rms_gpt2, gpt_neo"]),
+                               ["{tmp}/hf: model type bert is not supported",
+                                "(supported: gpt2, normlab_rms_gpt2, gpt_neo"]),
     "corrupted checkpoint": (ANGLES, ["model_path={tmp}/" + STEP_2], (corrupt, STEP_2),
                              [f"{STEP_2} does not match the sha256 in its digest file", "give another checkpoint"]),
     "truncated checkpoint": (ANGLES, ["model_path={tmp}/" + STEP_2], (truncate, STEP_2),

@@ -12,7 +12,14 @@ from torch import nn
 
 from conftest import run_cli
 from normlab.angles import (
-    LAYOUTS, POSITIONS, AngleProbe, NormSite, measure, norm_sites, random_directions, read_csv,
+    LAYOUTS,
+    POSITIONS,
+    AngleProbe,
+    NormSite,
+    measure,
+    norm_sites,
+    random_directions,
+    read_csv,
 )
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm

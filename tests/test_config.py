@@ -8,9 +8,9 @@ import torch
 from hydra.core.plugins import Plugins
 
 from conftest import compose_config, run_cli
-from normlab.plan import PEAK_BF16_FLOPS
 from normlab.paths import PROJECT_ROOT
 from normlab.pipeline import build_model
+from normlab.plan import PEAK_BF16_FLOPS
 
 
 @pytest.mark.parametrize("model", ["tiny", "70m", "160m", "410m", "1b"])

@@ -5,8 +5,8 @@ import itertools
 import torch
 
 from conftest import compose_config
-from normlab.pipeline import build_module
 from normlab.data import ShuffledWindows
+from normlab.pipeline import build_module
 
 
 def modules(seed=0, model="tiny"):

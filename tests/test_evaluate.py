@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
+
 from conftest import EMBEDDED, FAST_TRAIN, compose_config, run_cli
 from normlab.angles import load_normlab
 from normlab.evaluate import main
 from normlab.report import report
 from normlab.tokenizer import gpt2
-from omegaconf import OmegaConf
 
 NORMS = ("layernorm", "rmsnorm")
 CLOZE_DOCS = 10

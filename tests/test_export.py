@@ -15,13 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
+
 from conftest import DOCS, EMBEDDED, FAST_TRAIN, compose_config, run_cli
 from normlab import tokenizer as gpt2
 from normlab.angles import load_normlab, read_csv
 from normlab.export import ExportError, hf_model, hugging_face, main
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm, RMSNorm
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
 
 NORMS = ("layernorm_nobias", "rmsnorm_bias")  # the bias-free LN gets zero biases; the RMS model keeps its bias
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs

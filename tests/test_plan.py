@@ -4,8 +4,8 @@ peak memory of real training steps, the disk of a real run's checkpoints; and no
 import os
 import re
 
-import pytest
 import lightning as L
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker

@@ -10,11 +10,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab.angles import read_csv
-from normlab.run_dir import checkpoint_steps
-from normlab.pipeline import build_model, gradient_accumulation
 from normlab.data import ShuffledWindows
 from normlab.model import GPT, GPTConfig
 from normlab.norms import LayerNorm
+from normlab.pipeline import build_model, gradient_accumulation
+from normlab.run_dir import checkpoint_steps
 
 PAPER = {  # experiment: (model, steps, GPUs, peak lr, parameters with LayerNorm)
     "paper_70m": ("70m", 100_000, 4, 1e-3, 70_902_784),

@@ -210,31 +210,15 @@ class Subject:
     warnings: list[str] = field(default_factory=list)
 
 
-def newest_checkpoint(run: Path) -> tuple[int, Path, list[str]]:
-    """The newest intact checkpoint of a run directory (last.ckpt, previous.ckpt or a scheduled one), by the step that
-    its digest file records, hashing from the newest down; and a warning for each damaged one passed on the way."""
-    from normlab.run_dir import LAST, PREVIOUS, newest_intact
-
-    folder = run / "checkpoints"
-    # at equal steps a scheduled checkpoint (weights only) before last.ckpt: fewer bytes to hash
-    candidates = sorted(folder.glob("step-*.ckpt")) + [p for p in (folder / LAST, folder / PREVIOUS) if p.is_file()]
-    if not candidates:
-        raise AnalysisError(f"no checkpoint (.ckpt or <run>/checkpoints/*.ckpt) at {run}: give a .ckpt, a run "
-                            "directory or a Hugging Face model directory (with its config.json)")
-    path, record, passed = newest_intact(candidates)
-    damaged = [reason for _, reason in passed]
-    if path is not None:
-        return record.step, path, [f"{reason}: skipped" for reason in damaged]
-    more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
-    raise AnalysisError(f"no intact checkpoint in {folder}: {damaged[0]}{more}; restore them from a copy, or train "
-                        "the run again")
-
-
 def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
-    from normlab.run_dir import RunDirError, verify
+    from normlab.run_dir import RunDirError, newest_checkpoint, verify
 
     if path.is_dir():
-        step, checkpoint, warnings = newest_checkpoint(path)
+        try:
+            checkpoint, step, warnings = newest_checkpoint(
+                path, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
+        except RunDirError as e:
+            raise AnalysisError(str(e)) from None
         out = path / "ablation.csv"
     else:
         try:

@@ -47,18 +47,16 @@ class Subject:
 
 
 def plan(path: Path) -> Subject:
-    from normlab.ablate import newest_checkpoint
-    from normlab.angles import AnalysisError
-    from normlab.run_dir import RunDirError, verify
+    from normlab.run_dir import RunDirError, newest_checkpoint, verify
 
     if not path.exists():
         raise EvalError(f"{path} does not exist: give a .ckpt or a run directory")
     try:
         if path.is_dir():
-            step, checkpoint, warnings = newest_checkpoint(path)
+            checkpoint, step, warnings = newest_checkpoint(path, "a .ckpt or a run directory")
         else:
             step, checkpoint, warnings = verify(path).step, path, []
-    except (AnalysisError, RunDirError) as e:
+    except RunDirError as e:
         raise EvalError(str(e)) from None
     checkpoint = checkpoint.resolve()
     in_run = checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / "config.yaml").is_file()

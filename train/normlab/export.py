@@ -20,12 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab import norms
 from normlab import tokenizer as gpt2
+from normlab.angles import DTYPES
 from normlab.errors import NormlabError
 
 if TYPE_CHECKING:
     import transformers  # only for the annotations: importing it takes seconds
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -138,37 +138,22 @@ def hugging_face(
 # -- the command (conf/export.yaml)
 
 
-def newest_checkpoint(run: Path) -> tuple[Path, int]:
-    """The newest intact checkpoint of a run directory (a scheduled one, last.ckpt or previous.ckpt) by the step its
-    digest file records, with that step; a warning for each damaged one passed on the way."""
-    from normlab.run_dir import LAST, PREVIOUS, newest_intact
-
-    folder = run / "checkpoints"
-    # at equal steps a scheduled checkpoint (weights only) before last.ckpt: fewer bytes to hash
-    candidates = sorted(folder.glob("step-*.ckpt")) + [p for p in (folder / LAST, folder / PREVIOUS) if p.is_file()]
-    if not candidates:
-        raise ExportError(f"no checkpoint at {run} (neither a .ckpt nor a run directory with checkpoints/*.ckpt): "
-                          "give a .ckpt or a run directory")
-    path, record, damaged = newest_intact(candidates)
-    for _, reason in damaged:
-        print(f"warning: {reason}: skipped", file=sys.stderr, flush=True)
-    if path is None:
-        more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
-        raise ExportError(f"no intact checkpoint in {folder}: {damaged[0][1]}{more}; restore them from a copy, or "
-                          "train the run again")
-    return path, record.step
-
-
 def checked_checkpoint(path: Path) -> tuple[Path, int]:
     """`path` (a .ckpt, or a run directory: its newest intact checkpoint), verified against its digest file."""
-    from normlab.run_dir import RunDirError, verify
+    from normlab.run_dir import RunDirError, newest_checkpoint, verify
 
     if not path.exists():
         raise ExportError(f"{path} does not exist: give a .ckpt or a run directory")
     if path.is_dir():
         if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
             raise ExportError(f"{path} is a Hugging Face model directory already: give a .ckpt or a run directory")
-        return newest_checkpoint(path)
+        try:
+            checkpoint, step, warnings = newest_checkpoint(path, "a .ckpt or a run directory")
+        except RunDirError as e:
+            raise ExportError(str(e)) from None
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        return checkpoint, step
     try:
         return path, verify(path).step
     except RunDirError as e:

@@ -23,9 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
-
-matplotlib.use("Agg")
-logging.getLogger("fontTools").setLevel(logging.WARNING)  # its font subsetting for the PDF files says every step
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 from omegaconf import DictConfig, OmegaConf
@@ -33,6 +30,9 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.angles import REFERENCES, AnalysisError, DamagedTable, read_rows
 from normlab.paths import identifies_the_run
 from normlab.run_dir import flat
+
+matplotlib.use("Agg")  # files only, no display (no figure exists yet, so switching after pyplot's import is allowed)
+logging.getLogger("fontTools").setLevel(logging.WARNING)  # its font subsetting for the PDF files says every step
 
 DPI = 300  # print resolution of the PNG files (the PDF files are vector graphics)
 DEMO_MODELS = ("tiny",)

@@ -267,6 +267,25 @@ def newest_intact(paths: list[Path]) -> tuple[Path | None, Record | None, list[t
     return None, None, damaged
 
 
+def newest_checkpoint(run: Path, accepts: str) -> tuple[Path, int, list[str]]:
+    """The newest intact checkpoint of a run directory (a scheduled one, last.ckpt or previous.ckpt) by the step its
+    digest file records, with that step and a warning for each damaged one passed on the way. `accepts`: what the
+    command takes instead, for the error when the directory holds no checkpoint."""
+    folder = run / "checkpoints"
+    # at equal steps a scheduled checkpoint (weights only) before last.ckpt: fewer bytes to hash
+    candidates = sorted(folder.glob("step-*.ckpt")) + [p for p in (folder / LAST, folder / PREVIOUS) if p.is_file()]
+    if not candidates:
+        raise RunDirError(f"no checkpoint at {run} (neither a .ckpt nor a run directory with checkpoints/*.ckpt): "
+                          f"give {accepts}")
+    path, record, passed = newest_intact(candidates)
+    damaged = [reason for _, reason in passed]
+    if path is None:
+        more = f" (and {len(damaged) - 1} more damaged)" if len(damaged) > 1 else ""
+        raise RunDirError(f"no intact checkpoint in {folder}: {damaged[0]}{more}; restore them from a copy, or train "
+                          "the run again")
+    return path, record.step, [f"{reason}: skipped" for reason in damaged]
+
+
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO (rank 0 writes) through write_checkpoint. While `deferred`, a failed write is kept
     in `error` rather than raised, so that RunDirectory.save can stop every rank together instead of leaving the
