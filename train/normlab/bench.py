@@ -101,7 +101,8 @@ def plain_step(module, optimizer, batch, clip: float, device_type: str = "cpu") 
 
 
 def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose("train", overrides)

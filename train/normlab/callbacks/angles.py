@@ -11,8 +11,8 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from normlab.angles import CSV_COLUMNS, measure, norm_sites, run_identity, stat_rows
 from normlab.data import load_probe
 from normlab.errors import ConfigError
+from normlab.run_dir import RunDirectory, RunDirError, checkpoint_steps, verify, warn
 from normlab.tokenizer import EOT
-from normlab.run_dir import RunDirError, RunDirectory, checkpoint_steps, verify, warn
 
 
 class AngleCallback(L.Callback):
