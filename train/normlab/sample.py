@@ -22,13 +22,15 @@ class SampleError(NormlabError):
 
 @torch.no_grad()
 def generate(model, prompt: list[int], max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             generator: torch.Generator | None = None, stop_token: int | None = None) -> list[int]:
-    """The prompt's tokens followed by up to max_new_tokens sampled ones; temperature 0: greedy (argmax)."""
+             generator: torch.Generator | None = None, stop_token: int | None = None,
+             vocab: int | None = None) -> list[int]:
+    """The prompt's tokens followed by up to max_new_tokens sampled ones; temperature 0: greedy (argmax). `vocab`:
+    draw only ids below it (the tokenizer's, when model.vocab_size is padded beyond it)."""
     device = next(model.parameters()).device
     tokens = torch.tensor([prompt], device=device)
     block_size = model.config.block_size
     for _ in range(max_new_tokens):
-        logits = model(tokens[:, -block_size:])[0, -1].float()
+        logits = model(tokens[:, -block_size:])[0, -1, :vocab].float()
         if temperature == 0:
             next_token = logits.argmax()
         else:
@@ -49,9 +51,12 @@ def checkpoint_path(path: Path) -> Path:
         raise SampleError(f"model_path={path} does not exist: give a .ckpt or a run directory")
     if path.is_file():
         return path
-    from normlab.ablate import newest_checkpoint
+    from normlab.run_dir import RunDirError, newest_checkpoint
 
-    _, checkpoint, warnings = newest_checkpoint(path)
+    try:
+        checkpoint, _, warnings = newest_checkpoint(path, "a .ckpt or a run directory")
+    except RunDirError as e:
+        raise SampleError(str(e)) from None
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     return checkpoint
@@ -90,7 +95,7 @@ def samples(cfg: DictConfig) -> list[dict]:
     results = []
     for i in range(cfg.num_samples):
         tokens = generate(model, prompt, cfg.max_new_tokens, cfg.temperature, cfg.top_k, generator,
-                          EOT if cfg.stop_at_eot else None)
+                          EOT if cfg.stop_at_eot else None, encoding.n_vocab)
         results.append({"sample": i, "seed": cfg.seed, "text": encoding.decode(tokens)})
     return results
 
