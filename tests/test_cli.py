@@ -11,8 +11,8 @@ import pytest
 from conftest import compose_config, run_cli
 
 COMMANDS = ["normlab-train", "normlab-prepare", "normlab-describe", "normlab-angles", "normlab-ablate",
-            "normlab-report", "normlab-bench"]
-HEAVY = ("torch", "lightning", "datasets", "matplotlib", "transformers", "wandb", "tiktoken")
+            "normlab-report", "normlab-bench", "normlab-export", "normlab-sample", "normlab-eval"]
+HEAVY = ("torch", "lightning", "datasets", "matplotlib", "transformers", "wandb", "tiktoken", "lm_eval")
 
 
 def completion(command: str, line: str) -> list[str]:
@@ -38,7 +38,8 @@ def test_help_and_completion_offer_every_option_that_composes_and_nothing_else()
 
 @pytest.mark.parametrize("command, groups", [
     ("normlab-angles", {"paths", "probe"}), ("normlab-report", set()), ("normlab-bench", {"model", "paths"}),
-    ("normlab-prepare", {"data", "paths"}),
+    ("normlab-prepare", {"data", "paths"}), ("normlab-export", set()), ("normlab-sample", set()),
+    ("normlab-eval", {"paths"}),
 ])
 def test_help_and_completion_offer_only_the_groups_that_the_command_composes(command, groups):
     helped = run_cli(command, "--help")
@@ -50,7 +51,7 @@ def test_help_and_completion_offer_only_the_groups_that_the_command_composes(com
     words = completion(command, "")
     assert {g for g in every_group if f"{g}=" in words} == groups
     assert "hydra" in words and ("paths." in words) == ("paths" in groups)  # the keys of a group only with it
-    if command == "normlab-angles":
+    if command in ("normlab-angles", "normlab-export", "normlab-sample", "normlab-eval"):
         assert "model_path=" in words and completion(command, "mo") == ["model_path="]
 
 

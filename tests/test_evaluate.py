@@ -216,6 +216,8 @@ def test_the_report_pairs_ln_and_rms_on_every_task_and_metric(evaluated, tmp_pat
     ("limit=0", "limit=0: give a whole number from 1, or null for all examples"),
     ("include_path=[/nothing]", "include_path: /nothing is not a folder: give folders of task YAML files"),
     ("model_path=/nothing", "/nothing does not exist: give a .ckpt or a run directory"),
+    ("tasks=[no_such_task]", "unknown task 'no_such_task': lm-eval ls tasks lists the harness's tasks; tasks of your "
+                             "own: include_path=[FOLDER_OF_YAMLS]; held-out perplexity: perplexity_<data>"),
 ])
 def test_bad_input_is_refused_before_anything_runs_or_is_written(evaluated, tmp_path, setting, message):
     from normlab.evaluate import EvalError

@@ -65,7 +65,7 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     assert described.returncode == 0, described.stderr
     assert "1b (16 layers, d=2048" in described.stdout
     for command in ("normlab-train", "normlab-prepare", "normlab-angles", "normlab-ablate", "normlab-report",
-                    "normlab-bench"):
+                    "normlab-bench", "normlab-export", "normlab-sample", "normlab-eval"):
         helped = run(env, work, command, "--help")
         assert helped.returncode == 0, f"{command}: {helped.stderr}"
 
@@ -74,3 +74,8 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     assert trained.returncode == 0, trained.stderr
     (run_dir,) = (work / "checkpoints" / "default").iterdir()
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and (run_dir / "metrics.csv").is_file()
+    # the default run's name holds its overrides (= and ,): quoted for Hydra's override parser
+    sampled = run(env, work, "normlab-sample", f"model_path='{run_dir}'", "max_new_tokens=4")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("----- sample 0 (seed 0) -----"), sampled.stderr
+    exported = run(env, work, "normlab-export", f"model_path='{run_dir}'")
+    assert exported.returncode == 0 and (run_dir / "hf" / "step-0000002" / "config.json").is_file(), exported.stderr

@@ -142,7 +142,7 @@ def task_problem(name: str, error: Exception) -> str:
     from datasets import config as datasets_config
 
     if isinstance(error, KeyError) and "not a registered" in str(error):
-        return (f"unknown task '{name}': `lm-eval ls tasks` lists the harness's tasks; tasks of your own: "
+        return (f"unknown task '{name}': lm-eval ls tasks lists the harness's tasks; tasks of your own: "
                 f"include_path=[FOLDER_OF_YAMLS]; held-out perplexity: {PERPLEXITY}<data>")
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if isinstance(error, (ConnectionError, OSError)) or "offline" in reason.lower():
