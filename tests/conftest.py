@@ -33,8 +33,9 @@ FAST_TRAIN = [
 
 # `make test` runs the suite on 2 pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's
 # module fixtures are built once, and the Slurm tests share the one-node cluster in turn). The files that take
-# minutes go first, so that no long file starts last while the other worker has nothing left to do.
-LONGEST_FIRST = ["test_slurm.py", "test_distributed.py", "test_faults.py", "test_bench.py"]
+# minutes go first, so that no long file starts last while the other worker has nothing left to do; the two longest
+# first of all, one per worker (a worker is given its next file while its current file's last two tests run).
+LONGEST_FIRST = ["test_slurm.py", "test_faults.py", "test_distributed.py", "test_bench.py"]
 
 
 def pytest_collection_modifyitems(items):
