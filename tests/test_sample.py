@@ -121,21 +121,27 @@ def test_normlab_sample_prints_and_writes_the_newest_intact_checkpoints_samples(
     (["temperature=-1"], "temperature=-1: give a number >= 0 (0: greedy)"),
     (["top_k=0"], "top_k=0: give a positive whole number, or null for the whole vocabulary"),
     (["num_samples=0"], "num_samples=0: give a positive whole number"),
-    (["prompt=" + "fox " * 40], "the prompt is 40 tokens, longer than the model's context of 32: give a shorter prompt"),
+    (["model_path={run}/checkpoints/last.ckpt"],
+     "{run}/checkpoints/last.ckpt holds 1,000 bytes ... give another checkpoint of the run, or the run directory"),
+    (["prompt=" + "fox " * 40],
+     "the prompt is 40 tokens, longer than the model's context of 32: give a shorter prompt"),
     (["device=tpu"], "unknown device=tpu: give cpu, cuda or cuda:N"),
 ], ids=["missing path", "no checkpoint", "no new tokens", "negative temperature", "top_k 0", "no samples",
-        "prompt beyond the context", "unknown device"])
+        "damaged checkpoint", "prompt beyond the context", "unknown device"])
 def test_bad_options_are_refused_before_any_sampling(run, tmp_path, overrides, message):
     with pytest.raises(SampleError) as refused:
-        samples(options(run, *[o.format(tmp=tmp_path) for o in overrides]))
-    assert str(refused.value) == message.format(tmp=tmp_path)
+        samples(options(run, *[o.format(tmp=tmp_path, run=run) for o in overrides]))
+    start, _, end = message.format(tmp=tmp_path, run=run).partition(" ... ")  # " ... ": any text between
+    assert str(refused.value).startswith(start) and str(refused.value).endswith(end or start)
+    assert "\n" not in str(refused.value)
 
 
 def test_bad_input_on_the_command_line_is_one_line_exit_2_and_writes_nothing(run, tmp_path):
     out = tmp_path / "samples.txt"
     result = run_cli("normlab-sample", f"model_path={run}", "temperature=-1", f"out={out}")
     assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.strip().splitlines() == ["normlab-sample: error: temperature=-1: give a number >= 0 (0: greedy)"]
+    assert result.stderr.strip().splitlines() == [
+        "normlab-sample: error: temperature=-1: give a number >= 0 (0: greedy)"]
     assert not out.exists()
     missing = run_cli("normlab-sample", f"out={out}")
     assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [

@@ -211,21 +211,14 @@ class Subject:
 
 
 def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
-    from normlab.run_dir import RunDirError, newest_checkpoint, verify
+    from normlab.run_dir import RunDirError, chosen_checkpoint
 
-    if path.is_dir():
-        try:
-            checkpoint, step, warnings = newest_checkpoint(
-                path, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
-        except RunDirError as e:
-            raise AnalysisError(str(e)) from None
-        out = path / "ablation.csv"
-    else:
-        try:
-            step, checkpoint, warnings = verify(path).step, path, []
-        except RunDirError as e:
-            raise AnalysisError(f"{e}: give another checkpoint of the run, or the run directory") from None
-        out = Path(cfg.paths.output_dir) / "ablation" / default_name(path)
+    try:
+        checkpoint, step, warnings = chosen_checkpoint(
+            path, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
+    except RunDirError as e:
+        raise AnalysisError(str(e)) from None
+    out = path / "ablation.csv" if path.is_dir() else Path(cfg.paths.output_dir) / "ablation" / default_name(path)
     config, windows = normlab_probe(checkpoint, path, cfg)
     checkpoint = checkpoint.resolve()
     run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else config["run_name"]

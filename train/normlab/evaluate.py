@@ -47,15 +47,12 @@ class Subject:
 
 
 def plan(path: Path) -> Subject:
-    from normlab.run_dir import RunDirError, newest_checkpoint, verify
+    from normlab.run_dir import RunDirError, chosen_checkpoint
 
     if not path.exists():
         raise EvalError(f"{path} does not exist: give a .ckpt or a run directory")
     try:
-        if path.is_dir():
-            checkpoint, step, warnings = newest_checkpoint(path, "a .ckpt or a run directory")
-        else:
-            step, checkpoint, warnings = verify(path).step, path, []
+        checkpoint, step, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
     except RunDirError as e:
         raise EvalError(str(e)) from None
     checkpoint = checkpoint.resolve()

@@ -140,24 +140,19 @@ def hugging_face(
 
 def checked_checkpoint(path: Path) -> tuple[Path, int]:
     """`path` (a .ckpt, or a run directory: its newest intact checkpoint), verified against its digest file."""
-    from normlab.run_dir import RunDirError, newest_checkpoint, verify
+    from normlab.run_dir import RunDirError, chosen_checkpoint
 
     if not path.exists():
         raise ExportError(f"{path} does not exist: give a .ckpt or a run directory")
-    if path.is_dir():
-        if (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
-            raise ExportError(f"{path} is a Hugging Face model directory already: give a .ckpt or a run directory")
-        try:
-            checkpoint, step, warnings = newest_checkpoint(path, "a .ckpt or a run directory")
-        except RunDirError as e:
-            raise ExportError(str(e)) from None
-        for warning in warnings:
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
-        return checkpoint, step
+    if path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+        raise ExportError(f"{path} is a Hugging Face model directory already: give a .ckpt or a run directory")
     try:
-        return path, verify(path).step
+        checkpoint, step, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
     except RunDirError as e:
-        raise ExportError(f"{e}: give another checkpoint of the run, or the run directory") from None
+        raise ExportError(str(e)) from None
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return checkpoint, step
 
 
 def default_out(checkpoint: Path, step: int) -> Path:

@@ -286,6 +286,17 @@ def newest_checkpoint(run: Path, accepts: str) -> tuple[Path, int, list[str]]:
     return path, record.step, [f"{reason}: skipped" for reason in damaged]
 
 
+def chosen_checkpoint(path: Path, accepts: str) -> tuple[Path, int, list[str]]:
+    """What a command given `path` reads: a .ckpt verified against its digest file, or a run directory's newest
+    intact checkpoint (newest_checkpoint); with its step and the warnings to print."""
+    if path.is_dir():
+        return newest_checkpoint(path, accepts)
+    try:
+        return path, verify(path).step, []
+    except RunDirError as e:
+        raise RunDirError(f"{e}: give another checkpoint of the run, or the run directory") from None
+
+
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint IO (rank 0 writes) through write_checkpoint. While `deferred`, a failed write is kept
     in `error` rather than raised, so that RunDirectory.save can stop every rank together instead of leaving the

@@ -46,15 +46,13 @@ def generate(model, prompt: list[int], max_new_tokens: int, temperature: float =
 
 
 def checkpoint_path(path: Path) -> Path:
-    """A .ckpt as given, or the newest intact checkpoint of a run directory."""
+    """A .ckpt (verified against its digest file), or the newest intact checkpoint of a run directory."""
+    from normlab.run_dir import RunDirError, chosen_checkpoint
+
     if not path.exists():
         raise SampleError(f"model_path={path} does not exist: give a .ckpt or a run directory")
-    if path.is_file():
-        return path
-    from normlab.run_dir import RunDirError, newest_checkpoint
-
     try:
-        checkpoint, _, warnings = newest_checkpoint(path, "a .ckpt or a run directory")
+        checkpoint, _, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
     except RunDirError as e:
         raise SampleError(str(e)) from None
     for warning in warnings:
