@@ -1,8 +1,18 @@
-"""logger=tensorboard: event files under the run directory."""
+"""logger=tensorboard: event files under the run directory, continued in the same folder by a resumed run."""
+
+import os
+import signal
+import subprocess
+import time
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import FAST_TRAIN, run_cli
+from conftest import BIN, FAST_TRAIN
+from test_faults import finish, logged_steps, resumed_step
+
+STEPS = 10
+OVERRIDES = [o for o in FAST_TRAIN if not o.startswith(("logger=", "trainer.max_steps="))] + [
+    "logger=tensorboard", f"trainer.max_steps={STEPS}"]
 
 
 def events(folder):
@@ -11,16 +21,29 @@ def events(folder):
     return accumulator
 
 
-def test_tensorboard_logs_losses_angles_and_the_layer_figure(prepared, tmp_path):
-    overrides = [o for o in FAST_TRAIN if not o.startswith(("logger=", "trainer.max_steps="))] + ["logger=tensorboard"]
-    first = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides, "trainer.max_steps=4")
-    assert first.returncode == 0, first.stderr[-3000:]
+def start(run_dir) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "normlab-train"), f"run_dir={run_dir}", *OVERRIDES], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "WANDB_MODE": "offline"})
+
+
+def test_tensorboard_logs_losses_angles_and_the_figure_and_a_resumed_run_writes_on_in_its_folder(prepared, tmp_path):
+    first = start(tmp_path)
+    deadline = time.monotonic() + 300
+    while logged_steps(tmp_path) < 3 and first.poll() is None:
+        assert time.monotonic() < deadline, "no training step logged in 300 s"
+        time.sleep(0.2)
+    first.send_signal(signal.SIGTERM)
+    finish(first, 128 + signal.SIGTERM)
+    stopped_at = logged_steps(tmp_path)
+    assert 3 <= stopped_at < STEPS
+    resumed = finish(start(tmp_path))
+    assert resumed_step(resumed, tmp_path) == stopped_at
+
     folder = tmp_path / "tensorboard"
-    assert not list(folder.glob("version_*"))
+    assert not list(folder.glob("version_*")) and len(list(folder.glob("events.out.tfevents.*"))) == 2  # 2 attempts
     log = events(folder)
+    assert [e.step for e in sorted(log.Scalars("train/loss"), key=lambda e: e.wall_time)] == list(range(STEPS))
+    assert sorted(e.step for e in log.Scalars("val/loss")) == sorted({e.step for e in log.Scalars("val/loss")})
     tags = log.Tags()
-    assert sorted(e.step for e in log.Scalars("train/loss")) == list(range(4))
-    assert "val/loss" in tags["scalars"]
     assert any(t.startswith("angles-") for t in tags["scalars"])
     assert "angles-figure/angle_to_1_by_layer" in tags["images"]
-
