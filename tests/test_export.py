@@ -162,19 +162,6 @@ def test_the_rmsnorm_export_loads_with_trust_remote_code_without_normlab(runs, t
     assert (Path(copy) / "hf_rmsnorm_gpt2.py").read_text().count("import normlab") == 0
 
 
-def test_an_existing_out_is_replaced_only_with_overwrite(runs, tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    overrides = [f"model_path={runs / 'layernorm_nobias'}", f"out={out}"]
-    with pytest.raises(ExportError, match=f"out={out} exists and is not empty: give another out=, or overwrite=true"):
-        main(compose_config("export", overrides))
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    main(compose_config("export", [*overrides, "overwrite=true"]))
-    assert (out / "config.json").is_file() and not (out / "notes.txt").exists()
-    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left
-
-
 @pytest.mark.parametrize(
     "model_path, message",
     [

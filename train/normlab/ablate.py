@@ -12,7 +12,6 @@ of 0 whichever way it is ablated.
 import csv
 import math
 import sys
-import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
-from normlab import norms
+from normlab import norms, outputs
 from normlab.angles import (
     DTYPES,
     AnalysisError,
@@ -237,13 +236,14 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
     return Subject(analysis.layout, load, analysis.windows, {**identity, "step": step}, out)
 
 
-def check_writable(path: Path) -> None:
-    """Before anything is measured: the nearest existing folder of `path` takes a new file."""
-    existing = next(p for p in path.absolute().parents if p.exists())
+def check_out(out: Path) -> None:
+    """Before anything is measured: `out` is a new file or an earlier ablation CSV (its header), and no file of a run
+    directory but its ablation.csv (outputs.py)."""
     try:
-        tempfile.TemporaryFile(dir=existing).close()
-    except OSError as e:
-        raise AnalysisError(f"cannot write {path} ({existing}: {e.strerror}): give a writable out=") from None
+        outputs.check_file(out, "normlab-ablate", lambda line: line == ",".join(CSV_COLUMNS),
+                           owned_in_run=("ablation.csv",), example="ablation.csv")
+    except outputs.OutputError as e:
+        raise AnalysisError(str(e)) from None
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -293,13 +293,13 @@ def main(cfg: DictConfig) -> None:
     if cfg.dtype not in DTYPES:
         raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
     device = device_name(cfg.device)
-    if cfg.out is not None and (given := Path(str(cfg.out))).is_dir():
-        raise AnalysisError(f"out={given} is a directory: give a file name, e.g. out={given / 'ablation.csv'}")
+    if cfg.out is not None:
+        check_out(Path(str(cfg.out)))
     subject = plan(path, cfg)  # checked before any model runs
     if len(subject.windows) == 0:
         raise AnalysisError(f"the probe holds no window of {cfg.seq_len} tokens for {path}: give a smaller seq_len")
     out = Path(str(cfg.out)) if cfg.out is not None else subject.out
-    check_writable(out)
+    check_out(out)
     for warning in subject.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     from normlab.runtime import keep_freed_memory

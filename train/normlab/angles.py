@@ -34,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from tqdm import tqdm
 
+from normlab import outputs
 from normlab.errors import NormlabError
 from normlab.tokenizer import EOT
 
@@ -689,8 +690,11 @@ def main(cfg: DictConfig) -> None:
         raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
     device = device_name(cfg.device)
     out = Path(str(cfg.out or Path(cfg.paths.output_dir) / "angles" / default_name(path)))
-    if out.is_dir():
-        raise AnalysisError(f"out={out} is a directory: give a file name, e.g. out={out / 'angles.csv'}")
+    try:  # a new file, or an earlier output of normlab-angles (its header): rows of other models are kept
+        outputs.check_file(out, "normlab-angles", lambda line: line == ",".join(CSV_COLUMNS),
+                           example="angles.csv")
+    except outputs.OutputError as e:
+        raise AnalysisError(str(e)) from None
     analysis = plan(path, cfg)  # checked before any model runs
     for warning in analysis.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)

@@ -382,6 +382,7 @@ def main() -> None:
 
     @hydra_app("bench")
     def bench(cfg) -> None:
+        from normlab import outputs
         from normlab.checks import positive_int
         from normlab.errors import ConfigError
 
@@ -392,6 +393,9 @@ def main() -> None:
                               f"from {', '.join(SECTIONS + CHECKS)}, e.g. sections=[norms,step]")
         for key in ("scale", "seq_len", "repeats", "rows", "steps"):
             positive_int(key, cfg[key])
+        out = Path(str(cfg.out))  # a new file, or an earlier table of normlab-bench (its first line)
+        outputs.check_file(out, "normlab-bench", lambda line: line.startswith("normlab-bench "),
+                           example="bench.md")
         import torch
         from hydra.core.global_hydra import GlobalHydra
 
@@ -421,9 +425,7 @@ def main() -> None:
             f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n"
         )
         table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
-        out = Path(str(cfg.out))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(table)
+        outputs.write_file(out, table)
         print(table + f"\nwrote {out}")
         if any(result.startswith("FAIL") for _, result in rows):
             sys.exit(1)  # a failed check

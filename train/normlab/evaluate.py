@@ -21,9 +21,11 @@ import torch.nn.functional as F
 from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 
+from normlab import outputs
 from normlab.angles import DTYPES, IDENTITY_COLUMNS, DamagedTable, device_name, load_checkpoint, read_rows, run_identity
 from normlab.errors import NormlabError
 
+COMMAND = "normlab-eval"
 CSV_COLUMNS = (*IDENTITY_COLUMNS, "step", "task", "metric", "value", "stderr", "count", "num_fewshot")
 KEY_COLUMNS = ("run", "source", "step", "task", "metric")  # a new row replaces the old row of the same key
 PERPLEXITY = "perplexity_"  # perplexity_<data>: normlab's held-out perplexity of data/<data>/
@@ -234,18 +236,33 @@ def number(value, digits: int = 4) -> str:
         return "—"
 
 
+MARKDOWN_TITLE = "# Evaluation (normlab-eval)"
 MARKDOWN_NOTE = ("\n\nstderr: of the mean over examples (harness tasks) or over windows (perplexity loss); count: "
                  "examples scored, or tokens predicted for perplexity_<data>.\n")
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["# Evaluation (normlab-eval)\n", "| run | norm | seed | step | task | metric | value | ± stderr | count | "
+    lines = [f"{MARKDOWN_TITLE}\n", "| run | norm | seed | step | task | metric | value | ± stderr | count | "
              "few-shot |", "|---|---|---:|---:|---|---|---:|---:|---:|---:|"]
     order = sorted(rows, key=lambda r: (str(r["run"]), int(r["step"]), str(r["task"]), str(r["metric"])))
     for r in order:
         lines.append(f"| {r['run']} | {r['norm']} | {r['seed']} | {r['step']} | {r['task']} | {r['metric']} | "
                      f"{number(r['value'])} | {number(r['stderr'])} | {r['count']} | {r['num_fewshot']} |")
     return "\n".join(lines) + MARKDOWN_NOTE
+
+
+def check_out(out: Path) -> None:
+    """Before anything runs: `out` is a folder, in a run directory only its eval/, where results.csv and results.md
+    are new or earlier outputs of normlab-eval (their first lines); nothing else in it is touched (outputs.py)."""
+    if out.exists() and not out.is_dir():
+        raise EvalError(f"out={out} is a file: give a folder (results.csv and results.md go into it)")
+    try:
+        outputs.check_place(out, COMMAND, owned_in_run=("eval",))
+        outputs.check_file(out / "results.csv", COMMAND, lambda line: line == ",".join(CSV_COLUMNS),
+                           owned_in_run=("eval",))
+        outputs.check_file(out / "results.md", COMMAND, lambda line: line == MARKDOWN_TITLE, owned_in_run=("eval",))
+    except outputs.OutputError as e:
+        raise EvalError(str(e)) from None
 
 
 def write_results(out: Path, rows: list[dict]) -> list[dict]:
@@ -255,7 +272,9 @@ def write_results(out: Path, rows: list[dict]) -> list[dict]:
         with FileLock(out / ".results.lock"):  # jobs of a sweep launched in parallel may share one out
             rows = merged_rows(out / "results.csv", rows)
             write_csv(out / "results.csv", rows)
-            (out / "results.md").write_text(markdown(rows))
+            outputs.write_file(out / "results.md", markdown(rows))
+    except outputs.OutputError as e:
+        raise EvalError(str(e)) from None
     except OSError as e:
         raise EvalError(f"cannot write {out} ({e.strerror}): give a writable out=") from None
     return rows
@@ -337,6 +356,8 @@ def main(cfg: DictConfig) -> None:
     names = task_names(cfg.tasks)
     check_options(cfg)
     device = device_name(cfg.device)
+    if cfg.out is not None:
+        check_out(Path(str(cfg.out)))
     subject = plan(Path(str(cfg.model_path)))
     config = load_checkpoint(subject.checkpoint)["hyper_parameters"]["config"]
     context = config["model"]["block_size"]
@@ -346,6 +367,7 @@ def main(cfg: DictConfig) -> None:
         raise EvalError(f"perplexity.tokens={cfg.perplexity.tokens} is less than one window of the model's "
                             f"context ({context} tokens): give at least that many, or null for the whole split")
     out = Path(str(cfg.out)) if cfg.out is not None else subject.out
+    check_out(out)
     for warning in subject.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     harness_tasks = [n for n in names if n not in held_out]

@@ -9,7 +9,6 @@ tokenizes with, so that it gives the ids the model was trained on. config.json c
 norm, seed and step that were exported.
 """
 
-import shutil
 import sys
 from functools import cache
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from normlab import norms
+from normlab import norms, outputs
 from normlab import tokenizer as gpt2
 from normlab.angles import DTYPES
 from normlab.errors import NormlabError
@@ -26,6 +25,7 @@ from normlab.errors import NormlabError
 if TYPE_CHECKING:
     import transformers  # only for the annotations: importing it takes seconds
 
+COMMAND = "normlab-export"
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -164,28 +164,22 @@ def default_out(checkpoint: Path, step: int) -> Path:
 
 
 def checked_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"out={out} is a file: give a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"out={out} exists and is not empty: give another out=, or overwrite=true to replace it")
+    """Before any work: `out` is new, empty, or an earlier export (its marker) that overwrite=true replaces."""
+    try:
+        outputs.check_folder(out, COMMAND, owned_in_run=("hf",), overwrite=overwrite)
+    except outputs.OutputError as e:
+        raise ExportError(str(e)) from None
 
 
 def write(model, tokenizer, out: Path) -> None:
-    """Model and tokenizer files into a temporary folder beside `out`, renamed to `out` once complete (an existing
-    `out`, which overwrite=true allows, is removed only then)."""
-    tmp = out.with_name(f".{out.name}.tmp")
+    """Model and tokenizer files into a staging folder beside `out`, swapped in once complete (outputs.py)."""
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)  # tokenizer.json and tokenizer_config.json
-        tokenizer.backend_tokenizer.model.save(str(tmp))  # vocab.json and merges.txt, for GPT-2's slow tokenizer
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ExportError(f"cannot write {out} ({e.strerror or e}): give a writable out=") from None
+        with outputs.staged_folder(out, COMMAND) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)  # tokenizer.json and tokenizer_config.json
+            tokenizer.backend_tokenizer.model.save(str(tmp))  # vocab.json and merges.txt, for GPT-2's slow tokenizer
+    except outputs.OutputError as e:
+        raise ExportError(str(e)) from None
 
 
 def main(cfg: DictConfig) -> None:

@@ -40,7 +40,7 @@ from datasets.utils.extract import Extractor
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from normlab import tokenizer
+from normlab import outputs, tokenizer
 from normlab.errors import DataError, NormlabError
 from normlab.paths import DOWNLOADS_DIR
 from normlab.tokenizer import fetch_sdist
@@ -216,7 +216,10 @@ def load_sdist(source: DictConfig) -> datasets.Dataset:
 
 def check_output(out: Path) -> None:
     """Refuse, before any work, an `out` that cannot be replaced: its staging directory is made beside it (in its
-    nearest existing ancestor, if it has no parent yet), and the old directory is deleted as a whole."""
+    nearest existing ancestor, if it has no parent yet), and the old directory is deleted as a whole. A corpus never
+    goes inside a run directory or another corpus (outputs.py)."""
+    if found := outputs.enclosing(out):
+        raise DataError(f"data.dir={out} lies inside {found[1]}, {found[0]}: give a folder outside it")
     try:
         ancestor = next(p for p in out.parents if p.exists())
         for path in (ancestor, out):

@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 from omegaconf import DictConfig, OmegaConf
 
+from normlab import outputs
 from normlab.angles import REFERENCES, AnalysisError, DamagedTable, read_rows
 from normlab.paths import identifies_the_run
 from normlab.run_dir import flat
@@ -34,6 +35,7 @@ from normlab.run_dir import flat
 matplotlib.use("Agg")  # files only, no display (no figure exists yet, so switching after pyplot's import is allowed)
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # its font subsetting for the PDF files says every step
 
+COMMAND = "normlab-report"
 DPI = 300  # print resolution of the PNG files (the PDF files are vector graphics)
 DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
@@ -1074,6 +1076,8 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
     for path in paths:
         if not path.exists():
             raise AnalysisError(f"{path} does not exist: give run directories, or directories holding runs")
+    # new, empty, or an earlier report holding only what it wrote (its marker), which it replaces: outputs.py
+    outputs.check_folder(out, COMMAND, owned_in_run=("report",))
     runs, replaced = find_runs(paths)
     pretrained = load_pretrained(list(csvs))
     if not runs and not pretrained:
@@ -1086,13 +1090,10 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
         head += "Skipped (runs moved aside by restart=true): " + ", ".join(f"`{p}`" for p in replaced) + "\n\n"
     parameters: dict = {}
     sections = [group_section(g, parameters) for g in groups] + [pretrained_section(m) for m in pretrained]
-    try:  # the tables are ready: a failure before this point writes nothing
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AnalysisError(f"cannot create {out} ({e.strerror}): give a writable out=") from None
-    with plt.rc_context(STYLE):
-        figures = [draw_group(g, out) for g in groups] + [draw_pretrained(m, out) for m in pretrained]
-    (out / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, figures)))
+    # the tables are ready: a failure before this point writes nothing, one after it leaves the old report whole
+    with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
+        figures = [draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
+        (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, figures)))
     count = sum(len(f) for f in figures)
     print(verdict + f"\nwrote summary.md and {count} figures (PDF and PNG, {DPI} dpi) to {out}")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from normlab import outputs
 from normlab.angles import AnalysisError, device_name, load_normlab
 from normlab.errors import NormlabError
 
@@ -69,6 +70,14 @@ def check_options(cfg: DictConfig) -> None:
         raise SampleError(f"top_k={cfg.top_k}: give a positive whole number, or null for the whole vocabulary")
     if not isinstance(cfg.num_samples, int) or cfg.num_samples < 1:
         raise SampleError(f"num_samples={cfg.num_samples}: give a positive whole number")
+    if not isinstance(cfg.overwrite, bool):
+        raise SampleError(f"overwrite={cfg.overwrite}: give true or false")
+    if cfg.out:
+        try:
+            outputs.check_file(Path(str(cfg.out)), "normlab-sample", written_by_sample, overwrite=cfg.overwrite,
+                               example="samples.jsonl")
+        except outputs.OutputError as e:
+            raise SampleError(str(e)) from None
 
 
 def samples(cfg: DictConfig) -> list[dict]:
@@ -98,19 +107,32 @@ def samples(cfg: DictConfig) -> list[dict]:
     return results
 
 
-def write(out: Path, results: list[dict]) -> None:
+def written_by_sample(first_line: str) -> bool:
+    """Whether a file whose first line is `first_line` is an earlier output of normlab-sample (jsonl or text)."""
+    if first_line.startswith(SEPARATOR_START):
+        return True
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.suffix == ".jsonl":
-            out.write_text("".join(json.dumps(r) + "\n" for r in results))
-        else:
-            out.write_text("".join(f"{separator(r)}\n{r['text']}\n" for r in results))
-    except OSError as e:
-        raise SampleError(f"cannot write {out} ({e.strerror}): give a writable out=") from None
+        return set(json.loads(first_line)) == {"sample", "seed", "text"}
+    except (ValueError, TypeError):
+        return False
+
+
+def write(out: Path, results: list[dict]) -> None:
+    if out.suffix == ".jsonl":
+        text = "".join(json.dumps(r) + "\n" for r in results)
+    else:
+        text = "".join(f"{separator(r)}\n{r['text']}\n" for r in results)
+    try:
+        outputs.write_file(out, text)
+    except outputs.OutputError as e:
+        raise SampleError(str(e)) from None
+
+
+SEPARATOR_START = "----- sample "
 
 
 def separator(result: dict) -> str:
-    return f"----- sample {result['sample']} (seed {result['seed']}) -----"
+    return f"{SEPARATOR_START}{result['sample']} (seed {result['seed']}) -----"
 
 
 def main(cfg: DictConfig) -> None:
