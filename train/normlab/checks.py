@@ -4,10 +4,11 @@ The data module, the model config and the run directory check their own settings
 
 import dataclasses
 import inspect
+import math
 import os
 
 from hydra.utils import get_object
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from normlab.errors import ConfigError
 
@@ -51,6 +52,19 @@ def check_arguments(name: str, node: DictConfig) -> None:
                           f"'{unknown[0]}'; remove it, or check its spelling")
 
 
+def finite(name: str, value) -> None:
+    """Refuse inf, -inf and nan anywhere in a setting (a resolved config tree): they would run until the first
+    step turns them into a non-finite loss, or not fail at all."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            finite(f"{name}.{key}" if name else str(key), item)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            finite(f"{name}[{i}]", item)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}={value}: give a finite number")
+
+
 def check_slurm_tasks(devices) -> None:
     """Under a Slurm batch job, one task per device: Lightning starts no processes of its own there."""
     tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
@@ -67,6 +81,7 @@ def check_train_config(cfg: DictConfig) -> None:
         raise ConfigError("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
     if not is_int(cfg.seed) or not 0 <= cfg.seed < 2**32:
         raise ConfigError(f"seed={cfg.seed}: give a whole number from 0 to 2**32 - 1")
+    finite("", OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True))
     if cfg.global_batch_size is not None:
         positive_int("global_batch_size", cfg.global_batch_size)
     fraction("schedule.warmup_fraction", cfg.schedule.warmup_fraction)
@@ -76,6 +91,9 @@ def check_train_config(cfg: DictConfig) -> None:
         raise ConfigError(f"optimizer.lr={lr} (model.lr): give a positive learning rate")
     for key in ("max_steps", "val_check_interval", "num_nodes"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
+    clip = cfg.trainer.get("gradient_clip_val")
+    if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0):
+        raise ConfigError(f"trainer.gradient_clip_val={clip}: give a number >= 0 (0 or null: no clipping)")
     check_slurm_tasks(cfg.trainer.devices)
     if str(cfg.trainer.strategy).startswith("fsdp"):
         raise ConfigError(f"trainer.strategy={cfg.trainer.strategy} would shard the whole model as one unit: use "
