@@ -197,6 +197,57 @@ def test_sigterm_saves_the_step_exits_143_and_a_copied_damaged_run_resumes_exact
     assert_same_run(copy, whole)
 
 
+def test_ctrl_c_saves_the_step_exits_130_and_a_second_ctrl_c_ends_the_process_at_once(whole, tmp_path):
+    """Ctrl-C (SIGINT) mid-run stops as SIGTERM does: the step finishes, last.ckpt holds it, exit 130, and the same
+    command resumes from it. A second Ctrl-C while the first one's checkpoint is being saved ends the process at
+    once (killed by the signal, the save cut short, as by SIGKILL): the next start resumes from the newest intact
+    checkpoint, and the run ends as the uninterrupted one."""
+    run = tmp_path / "run"
+    process = start(f"run_dir={run}")
+    assert wait_for(process, lambda: logged_steps(run) >= 7)
+    process.send_signal(signal.SIGINT)
+    err = finish(process, 128 + signal.SIGINT)
+    stopped_at = logged_steps(run)
+    assert err.strip().splitlines()[-1] == (
+        f"normlab-train: error: SIGINT: saved {run}/checkpoints/last.ckpt at "
+        f"step {stopped_at}; run the same command to resume from it"
+    )
+    assert verify(run / "checkpoints" / "last.ckpt").step == stopped_at  # nothing lost: the step it was in is saved
+
+    process = start(f"run_dir={run}")
+    done = next(n for n in range(stopped_at + 2, stopped_at + 2 + VAL_EVERY) if n % VAL_EVERY == 1)
+    assert wait_for(process, lambda: logged_steps(run) >= done)
+    process.send_signal(signal.SIGINT)  # in step done + 1, which neither validates nor saves on its own
+    assert wait_for(process, lambda: saving(run))  # the save that the first Ctrl-C asked for
+    process.send_signal(signal.SIGINT)
+    err = finish(process, -signal.SIGINT)  # ended by the signal itself: no handler ran, nothing more was written
+    assert resumed_step(err, run) == stopped_at and saving(run)
+    expected = intact_full_step(run)
+    assert expected >= stopped_at
+    err = finish(start(f"run_dir={run}"))
+    assert resumed_step(err, run) == expected
+    assert f"removing {run}/checkpoints/." in err and f"taking over the claim on {run} of pid {process.pid}" in err
+    assert_same_run(run, whole)
+
+
+def test_ctrl_c_stops_a_sweep_and_says_which_jobs_did_not_run(prepared, tmp_path):
+    sweep = ["-m", "norm=layernorm,rmsnorm", "experiment_name=sweep", f"paths.output_dir={tmp_path}"]
+    process = start(*sweep)
+    runs = tmp_path / "sweep"
+    assert wait_for(process, lambda: any(logged_steps(r) >= 2 for r in runs.glob("tiny-layernorm-*")))
+    process.send_signal(signal.SIGINT)
+    err = finish(process, 128 + signal.SIGINT)
+    (ln_run,) = runs.glob("tiny-layernorm-*")
+    stopped_at = logged_steps(ln_run)
+    assert err.strip().splitlines()[-1] == (
+        f"normlab-train: error: SIGINT: saved {ln_run}/checkpoints/last.ckpt at step {stopped_at}; run the same "
+        "command to resume from it; jobs not run: norm=rmsnorm (run the same command again: finished runs are "
+        "skipped)"
+    )
+    assert verify(ln_run / "checkpoints" / "last.ckpt").step == stopped_at
+    assert not list(runs.glob("tiny-rmsnorm-*"))  # the second job never started
+
+
 def test_sigusr1_stops_a_sweep_and_says_which_jobs_did_not_run(whole, tmp_path):
     """SIGUSR1 outside Slurm (nothing to requeue) stops like SIGTERM, with its own exit code; in a sweep, before the
     next job."""

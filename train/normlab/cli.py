@@ -221,7 +221,7 @@ def train(cfg: DictConfig) -> None:
     """Train one model; resumes from the newest intact checkpoint of its run directory when there is one."""
     from normlab import pipeline
 
-    install_signal_handlers()  # from here on, SIGTERM and SIGUSR1 stop the run (or the sweep) with its progress saved
+    install_signal_handlers()  # from here on SIGTERM, SIGUSR1 and Ctrl-C stop the run (or sweep), its progress saved
     pipeline.train(cfg)
 
 

@@ -36,9 +36,10 @@ class Interrupted(NormlabError):
 
 
 # Signals that stop a run after its optimizer step, with its progress saved (callbacks.Preemption): SIGTERM (scancel,
-# Slurm preemption, kill, a container stopping) and SIGUSR1 (Slurm's warning before the time limit, under sbatch);
-# in a job of Hydra's submitit launcher also SIGUSR2, submitit's warning before the time limit and on preemption.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# Slurm preemption, kill, a container stopping), SIGUSR1 (Slurm's warning before the time limit, under sbatch) and
+# SIGINT (Ctrl-C; Lightning would catch its KeyboardInterrupt and exit 1, saving nothing); in a job of Hydra's
+# submitit launcher also SIGUSR2, submitit's warning before the time limit and on preemption.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 SUBMITIT_SIGNAL = signal.SIGUSR2
 received: list[int] = []  # the stop signals this process has received
 submitit_handler = []  # submitit's own SIGUSR2 handler, in a submitit job: it requeues the job, once the run is saved
@@ -49,15 +50,25 @@ def under_submitit() -> bool:
 
 
 def note_signal(signum, frame) -> None:
+    if signum == signal.SIGINT:
+        # A second Ctrl-C ends the process at once, by SIGINT's default action, also mid-save: the next start
+        # resumes from the newest intact checkpoint, as after SIGKILL. (Here as well when Lightning's teardown has
+        # put this handler back.)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if signal.SIGINT in received:
+            os.kill(os.getpid(), signal.SIGINT)
     received.append(signum)
 
 
 def install_signal_handlers() -> None:
     """At the start of the process (the CLI), and again when training starts: Trainer.fit installs Lightning's own
     SIGTERM handler, which ends a run with exit code 0 and saves nothing. In a submitit job, submitit's SIGUSR2
-    handler (which requeues the job and exits at once, mid-step) is kept for after the save (normlab.cli)."""
+    handler (which requeues the job and exits at once, mid-step) is kept for after the save (normlab.cli). Installed
+    also where SIGINT was ignored (a command started with & from a script), so that Ctrl-C saves there too; not
+    again after a first Ctrl-C, so that a second one ends the process."""
     for signum in STOP_SIGNALS:
-        signal.signal(signum, note_signal)
+        if not (signum == signal.SIGINT and signum in received):
+            signal.signal(signum, note_signal)
     if under_submitit():
         if (handler := signal.getsignal(SUBMITIT_SIGNAL)) is not note_signal and callable(handler):
             submitit_handler[:] = [handler]

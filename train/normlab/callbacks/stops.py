@@ -25,12 +25,12 @@ def requeues_itself() -> bool:
 
 
 class Preemption(L.Callback):
-    """On SIGTERM or SIGUSR1 (to any rank) the run finishes its optimizer step, and the validation that follows it
-    if one does, saves last.ckpt, and stops when the next step would begin, once every row of the finished step is
-    logged and on disk: exit code 128 + the signal's number (143, 138). On SIGUSR1 under sbatch it first requeues
-    its Slurm job (scontrol requeue), which resumes from last.ckpt; on SIGUSR2 in a submitit job, submitit requeues
-    it after the stop (normlab.cli). A signal in the last step lets the run finish
-    (a sweep then stops before its next job)."""
+    """On SIGTERM, SIGUSR1 or SIGINT (Ctrl-C; to any rank) the run finishes its optimizer step, and the validation
+    that follows it if one does, saves last.ckpt, and stops when the next step would begin, once every row of the
+    finished step is logged and on disk: exit code 128 + the signal's number (143, 138, 130). On SIGUSR1 under
+    sbatch it first requeues its Slurm job (scontrol requeue), which resumes from last.ckpt; on SIGUSR2 in a
+    submitit job, submitit requeues it after the stop (normlab.cli). A signal in the last step lets the run finish
+    (a sweep then stops before its next job). A second Ctrl-C ends the process at once (normlab.errors)."""
 
     def __init__(self):
         self.stopping = 0  # the signal whose checkpoint is saved: stop at the next step
@@ -39,7 +39,7 @@ class Preemption(L.Callback):
         install_signal_handlers()
 
     def signal_received(self, trainer) -> int:
-        """The stop signal any rank has received (SIGTERM before SIGUSR1), or 0."""
+        """The stop signal any rank has received (SIGTERM before SIGUSR1 before SIGINT), or 0."""
         mine = max(received, default=0)
         if trainer.world_size == 1:
             return mine
