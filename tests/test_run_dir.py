@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import cluster_ready, needs_slurm, state, wait
+from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, state, wait
 from normlab.run_dir import Claim, RunDirError, process_start, read_table, this_process
 
 
@@ -95,3 +95,32 @@ def test_torn_and_damaged_rows_are_told_apart_from_whole_ones(tmp_path):
     header, rows, dropped = read_table(path)
     assert header == ["step", "train/loss"] and [r["step"] for r in rows] == ["0", "1", "3"]
     assert dropped == 3  # no integer step, a field too many, the last line cut short
+
+
+def test_a_lost_validation_row_before_the_resume_step_is_named(prepared, tmp_path):
+    """A real run resumed from previous.ckpt (step 4: its last.ckpt lost) whose metrics.csv has the validation row
+    of step 3 (the validation after optimizer step 4) cut short and its newline kept (a damaged copy): the row is
+    dropped, the warning names the validation lost, every other row before step 4 is kept byte for byte, and steps
+    4-5 are logged again."""
+    run = tmp_path / "run"
+    assert (result := run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)).returncode == 0, result.stderr[-3000:]
+    for name in ("last.ckpt", "last.ckpt.json"):
+        (run / "checkpoints" / name).unlink()
+    metrics = run / "metrics.csv"
+    lines = metrics.read_text().splitlines(keepends=True)
+    (cut,) = [i + 1 for i, row in enumerate(read_table(metrics)[1]) if row["step"] == "3" and row["val/loss"]]
+    kept = [line for i, line in enumerate(lines[1:], 1) if i != cut and int(line.split(",")[0]) < 4]
+    lines[cut] = lines[cut][: lines[cut].rindex(",")] + "\n"  # cut short: it loses its last field, val/loss
+    metrics.write_text("".join(lines))
+
+    result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming {run} from checkpoints/previous.ckpt at step 4" in result.stderr
+    assert f"warning: {metrics}: dropped 1 torn or damaged row" in result.stderr
+    assert (f"warning: {metrics} has no validation rows for step 3 (lost with the file; they cannot be "
+            "regenerated)") in result.stderr
+    after = metrics.read_text().splitlines(keepends=True)
+    assert after[: 1 + len(kept)] == [lines[0], *kept]
+    rows = read_table(metrics)[1]
+    assert [r["step"] for r in rows if r["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
+    assert [r["step"] for r in rows if r["val/loss"]] == ["1", "5"]  # 3's is lost; 5's logged again

@@ -690,7 +690,8 @@ class RunDirectory(Checkpoint):
 
     def reconcile_metrics(self) -> None:
         """metrics.csv holds exactly the rows of the steps before the resume step: torn rows and the rows an
-        interrupted attempt logged after its checkpoint are dropped; steps missing before it are reported."""
+        interrupted attempt logged after its checkpoint are dropped; training and validation rows missing before it
+        are reported."""
         path = self.path / METRICS_FILE
         header, rows, torn = read_table(path)
         if not header:
@@ -700,13 +701,18 @@ class RunDirectory(Checkpoint):
             warn(f"{path}: dropped {torn} torn or damaged row{'s' * (torn > 1)}")
         if len(kept) != len(rows) or torn:
             write_table(path, header, kept)
-        logged = {int(r["step"]) for r in kept if r.get("train/loss")}
-        missing = sorted(set(range(self.resume_step)) - logged)
-        if missing and "train/loss" in header:
-            warn(
-                f"{path} has no training rows for step{'s' * (len(missing) > 1)} {step_ranges(missing)} "
-                "(lost with the file; they cannot be regenerated)"
-            )
+        if "train/loss" not in header:
+            return
+        # the validation after optimizer step s (1-based) is logged with the step of that optimizer step's row, s - 1
+        validated = {s - 1 for s in range(1, self.resume_step + 1) if self.validates_after(s)}
+        gaps = []
+        for kind, column, steps in (("training", "train/loss", range(self.resume_step)),
+                                    ("validation", "val/loss", validated)):
+            missing = sorted(set(steps) - {int(r["step"]) for r in kept if r.get(column)})
+            if missing:
+                gaps.append(f"{kind} rows for step{'s' * (len(missing) > 1)} {step_ranges(missing)}")
+        if gaps:
+            warn(f"{path} has no {' and no '.join(gaps)} (lost with the file; they cannot be regenerated)")
 
     def keep_angles_until(self, step: int) -> None:
         path = self.path / ANGLES_FILE
