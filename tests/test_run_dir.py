@@ -49,9 +49,46 @@ def test_the_claim_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caps
     dead.wait()
     claim = claim_of(tmp_path, pid=dead.pid, pid_start=1)
     claim.acquire()
-    assert f"taking over the claim on {tmp_path} of pid {dead.pid}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"taking over the claim on {tmp_path} of pid {dead.pid}" in err
+    assert err.rstrip().endswith(f": pid {dead.pid} is no longer running")
     assert json.loads((tmp_path / ".claim").read_text())["pid"] == this_process()["pid"]
     claim.release()
+
+
+def test_the_claim_of_a_pid_that_is_now_another_process_is_taken_over_and_says_so(tmp_path, capsys):
+    later = subprocess.Popen(["sleep", "30"])  # alive, started after the claim's holder: it got the holder's pid
+    try:
+        claim = claim_of(tmp_path, pid=later.pid, pid_start=process_start(later.pid) - 1)
+        claim.acquire()
+    finally:
+        later.kill()
+    err = capsys.readouterr().err
+    assert f"taking over the claim on {tmp_path} of pid {later.pid} on {socket.gethostname()}" in err
+    assert err.rstrip().endswith(f": pid {later.pid} is now another process")
+    assert json.loads((tmp_path / ".claim").read_text())["pid"] == this_process()["pid"]
+    claim.release()
+
+
+@pytest.mark.parametrize("content, damage", [
+    (b"", "empty"),
+    (b"\0" * 64, "not a JSON object"),  # zeros: a file system's recovery of a file being written at a crash
+    (b'{"host": "node1", "pid": 42', "not a JSON object"),
+    (b"[42]", "not a JSON object"),
+], ids=["empty", "zeros", "cut short", "a JSON list"])
+def test_an_empty_or_damaged_claim_is_taken_over_with_a_warning(tmp_path, capsys, content, damage):
+    (tmp_path / ".claim").write_bytes(content)
+    claim = Claim(tmp_path / ".claim")
+    claim.acquire()
+    assert capsys.readouterr().err == (f"warning: taking over the claim on {tmp_path}: {tmp_path}/.claim is {damage}, "
+                                       "naming no holder, and its lock was free\n")
+    assert json.loads((tmp_path / ".claim").read_text())["pid"] == this_process()["pid"]
+    claim.release()
+    assert not (tmp_path / ".claim").exists()
+    fresh = Claim(tmp_path / ".claim")  # a claim file the start creates itself (empty until written): no warning
+    fresh.acquire()
+    assert capsys.readouterr().err == ""
+    fresh.release()
 
 
 def test_a_live_process_keeps_its_claim_even_when_the_lock_is_free(tmp_path):

@@ -360,8 +360,10 @@ def stale(holder: dict, me: dict) -> str | None:
     pid = holder.get("pid", -1)
     if holder.get("host") == me["host"]:
         start = process_start(pid)
-        if start is None or holder.get("pid_start") not in (None, start):  # none, or a later process with its pid
+        if start is None:
             return f"pid {pid} is no longer running"
+        if holder.get("pid_start") not in (None, start):  # a later process got its pid
+            return f"pid {pid} is now another process"
         return None
     job = holder.get("slurm_job")
     if job and job == me["slurm_job"] and holder.get("slurm_restart", 0) < me["slurm_restart"]:
@@ -389,6 +391,15 @@ def same_launch(holder: dict, me: dict) -> bool:
     )
 
 
+def claim_record(text: str) -> dict | None:
+    """The record of a claim file's text; None when it holds none (empty, not JSON, or JSON that is not an object)."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 class Claim:
     """`<run_dir>/.claim`: who uses the run directory, held with an exclusive lock (flock) while the holder lives,
     and, once rank 0 has chosen it, the checkpoint every rank resumes from."""
@@ -398,14 +409,20 @@ class Claim:
 
     def read(self) -> dict:
         try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
+            return claim_record(self.path.read_text(errors="replace")) or {}
+        except OSError:
             return {}
 
     def acquire(self) -> None:
         me = this_process()
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # a claim file this start creates is empty until written: not to be taken for a damaged one
+                fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+            except FileExistsError:
+                try:
+                    fd, created = os.open(self.path, os.O_RDWR), False
+                except FileNotFoundError:  # released (deleted) since: try again
+                    continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -420,8 +437,13 @@ class Claim:
             except FileNotFoundError:
                 os.close(fd)
                 continue
-            holder = self.read()
-            if holder and not holder.get("released"):
+            text = self.path.read_text(errors="replace")
+            holder = claim_record(text)
+            if holder is None and not created:
+                damage = "not a JSON object" if text.strip() else "empty"
+                warn(f"taking over the claim on {self.path.parent}: {self.path} is {damage}, naming no holder, and "
+                     "its lock was free")
+            elif holder and not holder.get("released"):
                 if (reason := stale(holder, me)) is None:
                     os.close(fd)
                     raise RunDirError(
