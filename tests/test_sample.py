@@ -1,7 +1,8 @@
 """normlab-sample and normlab.sample.generate on a tiny GPT written as a run directory (random weights: what is
 tested is the decoding, not the text's quality): a seed's text is reproducible and another seed's differs, temperature
-0 and top_k=1 are greedy, top_k draws only among the k most likely tokens, the prompt comes first, and bad input is
-one line, exit 2, nothing written."""
+0 and top_k=1 are greedy, top_k draws only among the k most likely tokens, the prompt comes first, past the context a
+token costs one window through the blocks and one position through the LM head and gives the tokens of whole-window
+decoding, and bad input is one line, exit 2, nothing written."""
 
 import json
 from functools import partial
@@ -75,6 +76,43 @@ def test_temperature_zero_and_top_k_one_are_greedy_and_the_prompt_comes_first():
     for seed in (0, 1):
         drawn = generate(model, prompt, 10, temperature=1.0, top_k=1, generator=torch.Generator().manual_seed(seed))
         assert drawn == greedy
+
+
+def test_past_the_context_a_token_runs_the_blocks_over_one_window_and_the_lm_head_over_one_position():
+    """Issue 20: each token computed the logits of the whole window (block_size x 50,257), of which it draws from the
+    last row only; on busy cores a token past the context took ~25x longer than now. The work per token is bounded."""
+    model = model_at(3)
+    block = model.config.block_size
+    windows, head_rows = [], []
+    model.wte.register_forward_hook(lambda module, args, out: windows.append(args[0].shape[1]))
+    model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[:-1].numel()))
+    prompt = gpt2().encode(PROMPT)
+    generate(model, prompt, 3 * block, temperature=0)
+    assert windows == [min(len(prompt) + i, block) for i in range(3 * block)]
+    assert head_rows == [1] * (3 * block)
+
+
+def test_past_the_context_generate_gives_the_tokens_of_whole_window_decoding_written_out():
+    model = model_at(3)
+    block = model.config.block_size
+    prompt = gpt2().encode(PROMPT)
+
+    def decoded(temperature: float, generator: torch.Generator | None = None) -> list[int]:
+        tokens = list(prompt)
+        with torch.no_grad():
+            for _ in range(3 * block):  # the last block_size tokens through the whole model, logits at every position
+                logits = model(torch.tensor([tokens[-block:]]))[0, -1]
+                if temperature == 0:
+                    tokens.append(logits.argmax().item())
+                else:
+                    probs = torch.softmax(logits / temperature, -1)
+                    tokens.append(torch.multinomial(probs, 1, generator=generator).item())
+        return tokens
+
+    greedy = decoded(0)
+    assert generate(model, prompt, 3 * block, temperature=0) == greedy
+    drawn = generate(model, prompt, 3 * block, temperature=100.0, generator=torch.Generator().manual_seed(0))
+    assert drawn == decoded(100.0, torch.Generator().manual_seed(0)) != greedy
 
 
 def test_top_k_draws_only_among_the_k_most_likely_tokens_and_a_stop_token_ends_the_sample():
