@@ -1,7 +1,9 @@
 """The run directory's claim: one process per run directory, a stale claim taken over, never a live one; and the
 CSV tables' torn rows. Real files, real processes, the real one-node Slurm cluster (`make test` starts it)."""
 
+import fcntl
 import json
+import os
 import socket
 import subprocess
 
@@ -26,6 +28,18 @@ def test_a_held_claim_refuses_a_second_holder_and_is_gone_once_released(tmp_path
     assert not (tmp_path / ".claim").exists()
     second.acquire()
     second.release()
+
+
+def test_a_claim_locked_before_its_holder_wrote_its_name_is_described_as_such(tmp_path):
+    path = tmp_path / ".claim"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # another start: created and locked, nothing written yet
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        with pytest.raises(RunDirError, match=rf"^{tmp_path} is in use by another start that is just claiming it: "):
+            Claim(path).acquire()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b""
 
 
 def test_rank_0_of_a_finished_run_leaves_its_choice_for_the_other_ranks_of_its_launch(tmp_path, capsys):

@@ -340,6 +340,8 @@ def this_process() -> dict:
 
 
 def describe(holder: dict) -> str:
+    if "pid" not in holder:  # locked by a start that has not written its name yet
+        return "another start that is just claiming it"
     job = f", Slurm job {holder['slurm_job']}" if holder.get("slurm_job") else ""
     return f"pid {holder.get('pid')} on {holder.get('host')}{job}, since {holder.get('since')}"
 
