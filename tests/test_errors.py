@@ -205,6 +205,12 @@ CASES = {
         {},
         ["callbacks.scheduled_checkpoints.every=0: give a positive number of steps"],
     ),
+    "negative progress seconds": (
+        ["callbacks.throughput.print_every_seconds=-1"],
+        None,
+        {},
+        ["callbacks.throughput.print_every_seconds=-1: give a number of seconds >= 0, or null for lines by steps only"],
+    ),
     "empty batch": (
         ["data.batch_size=0"],
         None,

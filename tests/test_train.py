@@ -222,7 +222,8 @@ def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
 def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path):
     """Output not on a terminal (a Slurm job's log): no progress bar, a line every print_every steps instead, and
     Lightning's and wandb's messages reduced to what a user reads (the wandb logger on, offline)."""
-    overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["callbacks.throughput.print_every=4"]
+    overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["callbacks.throughput.print_every=4",
+                                                                          "callbacks.throughput.print_every_seconds=null"]
     result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
@@ -240,6 +241,15 @@ def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path)
     for noise in ("Tip:", "TPU available", "Total FLOPs", "Epoch 0/", "Run history", "Run summary", "LeafSpec"):
         assert noise not in log, noise
     assert log.count("`Trainer.fit` stopped") == 1  # once, not once per console
+
+
+def test_a_job_log_gets_a_line_every_m_seconds_when_that_comes_before_every_n_steps(prepared, tmp_path):
+    """A slow run's log keeps moving: with print_every_seconds=0 every step's line is due before print_every's."""
+    overrides = [*FAST_TRAIN, "callbacks.throughput.print_every=1000", "callbacks.throughput.print_every_seconds=0"]
+    result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line.split(" | ")[0] for line in result.stdout.splitlines() if line.startswith("step ")]
+    assert lines == [f"step {s}/6 ({s / 6:.0%})" for s in range(1, 7)]
 
 
 def test_a_terminal_shows_a_bar_titled_by_training_steps(prepared, tmp_path):

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from normlab.errors import ConfigError
 from normlab.plan import PEAK_BF16_FLOPS
 
 
@@ -33,11 +34,21 @@ class TokenThroughput(L.Callback):
     the end of one step to the end of the next (time spent in validation is left out), and the model
     FLOPs utilisation, train/mfu, where the GPU's peak is known (PEAK_BF16_FLOPS, or peak_flops=).
     When the output is not a terminal (a Slurm job's log), where no progress bar is drawn, rank 0 prints a progress
-    line every `print_every` optimizer steps (and at the last): step/max, loss, lr, tokens/s, MFU, elapsed, ETA."""
+    line every `print_every` optimizer steps or `print_every_seconds` seconds, whichever comes first (and at the
+    last step): step/max, loss, lr, tokens/s, MFU, elapsed, ETA. The seconds keep a slow run's log moving (a CPU
+    step can take seconds, a 1B step on a GPU too); the steps keep a fast one's lines comparable."""
 
-    def __init__(self, peak_flops: float | None = None, print_every: int = 100):
+    def __init__(self, peak_flops: float | None = None, print_every: int = 100,
+                 print_every_seconds: float | None = 45):
+        if not isinstance(print_every, int) or isinstance(print_every, bool) or print_every < 1:
+            raise ConfigError(f"callbacks.throughput.print_every={print_every}: give a positive whole number of steps")
+        if print_every_seconds is not None and not (isinstance(print_every_seconds, (int, float))
+                                                    and 0 <= print_every_seconds < float("inf")):
+            raise ConfigError(f"callbacks.throughput.print_every_seconds={print_every_seconds}: give a number of "
+                              "seconds >= 0, or null for lines by steps only")
         self.peak_flops = peak_flops
-        self.print_every = print_every
+        self.print_every, self.print_every_seconds = print_every, print_every_seconds
+        self._printed_at = 0.0
         self._last: float | None = None
         self._tokens = 0
         self._started: tuple[float, int] | None = None  # (time, step) when this launch began training
@@ -47,6 +58,7 @@ class TokenThroughput(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         self._started = (time.perf_counter(), trainer.global_step)
+        self._printed_at = self._started[0]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._last is None:
@@ -71,10 +83,15 @@ class TokenThroughput(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=trainer.global_step - 1)
         self._tokens, self._last = 0, now
-        step = trainer.global_step
-        if trainer.is_global_zero and not sys.stdout.isatty() and (step % self.print_every == 0 or
-                                                                   step == trainer.max_steps):
+        if trainer.is_global_zero and not sys.stdout.isatty() and self.line_due(trainer.global_step,
+                                                                                trainer.max_steps, now):
             print(self.progress_line(trainer, pl_module, metrics, now), flush=True)
+            self._printed_at = now
+
+    def line_due(self, step: int, max_steps: int, now: float) -> bool:
+        seconds = self.print_every_seconds
+        return (step % self.print_every == 0 or step == max_steps
+                or (seconds is not None and now - self._printed_at >= seconds))
 
     def progress_line(self, trainer, pl_module, metrics: dict, now: float) -> str:
         step, max_steps = trainer.global_step, trainer.max_steps
