@@ -36,17 +36,44 @@ def test_run_directory_names_every_setting_that_shapes_the_run():
     # what only names, places, logs or speeds up a run stays out; numbers are written one way
     assert run_dir("norm=rmsnorm", "seed=3", "logger=csv", "runtime.compile=true", "trainer.devices=2") == base
     assert run_dir("norm=rmsnorm", "seed=3", "model.lr=1e-3") == run_dir("seed=3", "model.lr=0.001", "norm=rmsnorm") \
-        == f"{base}-model.lr=0.001"
-    assert run_dir("norm=rmsnorm", "seed=3", "trainer.max_steps=800", "model.lr=3e-3") == \
-        f"{base}-model.lr=0.003,trainer.max_steps=800"
-    # long or unsafe in a file name: shortened, with a hash of the whole, so that every job of a sweep differs
+        == f"{base}-lr1e-3"
+    assert run_dir("norm=rmsnorm", "seed=3", "trainer.max_steps=800", "model.lr=3e-3") == f"{base}-lr3e-3-max_steps800"
+    # two keys of one last part: each by the ending that tells them apart; lists, deletions, options of a group
+    assert run_dir("norm=rmsnorm", "seed=3", "model.lr=1e-3", "optimizer.lr=2e-3") == \
+        f"{base}-model_lr1e-3-optimizer_lr2e-3"
+    assert run_dir("norm=rmsnorm", "seed=3", "optimizer.betas=[0.9,0.95]", "~model.lr", "data=hub") == \
+        f"{base}-betas_0.9_0.95-data_hub-no_lr"
+    # long: the items that fit, and a hash of them all, so that every job of a sweep differs
     long = run_dir(
-        "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/name"
+        "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/name",
+        "trainer.max_steps=800", "trainer.val_check_interval=50",
     )
-    assert long.startswith(f"{base}-every=50,data=hub,path=org_name-") and len(long.rsplit("-", 1)[1]) == 8
+    assert long.startswith(f"{base}-data_hub-every50-max_steps800-path_org_name-h") and len(long) - len(base) <= 61
     assert long != run_dir(
-        "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/other"
+        "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/other",
+        "trainer.max_steps=800", "trainer.val_check_interval=50",
     )
+
+
+def test_a_run_name_is_typed_back_unquoted_and_an_earlier_runs_name_is_kept(tmp_path):
+    """Hydra reads a run directory's name back as the same path without quotes (model_path=, runs=); a run made
+    under the earlier naming (-model.lr=0.001) keeps its directory, so that the same command resumes it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def run_dir(*overrides):
+        return compose_config("train", ["experiment=demo", f"paths.output_dir={tmp_path}", *overrides],
+                              with_hydra=True).run_dir
+
+    for name in (run_dir("model.lr=3e-4", "trainer.max_steps=150"), run_dir("optimizer.betas=[0.9,0.95]"),
+                 run_dir("data=hub", "data.source.path=org/name", "callbacks.scheduled_checkpoints.every=50",
+                         "model.n_layer=4", "trainer.max_steps=800", "data.batch_size=4")):
+        (override,) = OverridesParser.create().parse_overrides([f"model_path={name}"])
+        assert override.value() == name
+    earlier = tmp_path / "demo" / "tiny-layernorm-seed0-model.lr=0.001,trainer.max_steps=150"
+    earlier.mkdir(parents=True)
+    assert run_dir("model.lr=1e-3", "trainer.max_steps=150") == str(earlier)
+    (tmp_path / "demo" / "tiny-layernorm-seed0-lr1e-3-max_steps150").mkdir()  # both exist: the new name
+    assert run_dir("model.lr=1e-3", "trainer.max_steps=150").endswith("seed0-lr1e-3-max_steps150")
 
 
 def test_demo_experiment_sweeps_both_norms_on_the_tiny_model():

@@ -88,7 +88,7 @@ def test_wandb_run_is_grouped_with_its_other_seeds_and_tagged():
         "rmsnorm", "70m", "seed2"]
     other = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=0", "model.lr=1e-3"],
                            with_hydra=True)
-    assert other.logger.wandb.group == "paper_70m-70m-rmsnorm-model.lr=0.001"  # another lr: another group
+    assert other.logger.wandb.group == "paper_70m-70m-rmsnorm-lr1e-3"  # another lr: another group
     assert cfg.logger.wandb.job_type == "train" and cfg.logger.wandb.project == "normlab"
     assert cfg.logger.wandb.id is None  # drawn when the run starts (train/normlab/run_dir.py), kept in <run_dir>/run_id
 

@@ -22,8 +22,9 @@ from normlab.tokenizer import EOT
 NORMS = ("layernorm", "rmsnorm")
 
 
-# The run directories' tag: the FAST_TRAIN overrides (last key parts, sorted by key), cut short, and a hash of them all
-TAG = "-dense_until=4,every=2,sparse_every=6,batch_size=2,v-e32fbd30"
+# The run directories' tag: the FAST_TRAIN overrides (last key parts and values, sorted), the items that fit, and a hash
+# of them all
+TAG = "-batch_size2-dense_until4-every2-max_steps6-h8d0e914d"
 
 
 @pytest.fixture(scope="session")
