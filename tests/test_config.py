@@ -43,6 +43,8 @@ def test_run_directory_names_every_setting_that_shapes_the_run():
         f"{base}-model_lr1e-3-optimizer_lr2e-3"
     assert run_dir("norm=rmsnorm", "seed=3", "optimizer.betas=[0.9,0.95]", "~model.lr", "data=hub") == \
         f"{base}-betas_0.9_0.95-data_hub-no_lr"
+    # not finite: named as given (normlab-train refuses them, in one line)
+    assert run_dir("norm=rmsnorm", "seed=3", "optimizer.lr=inf", "model.dropout=nan") == f"{base}-dropoutnan-lrinf"
     # long: the items that fit, and a hash of them all, so that every job of a sweep differs
     long = run_dir(
         "norm=rmsnorm", "seed=3", "callbacks.scheduled_checkpoints.every=50", "data=hub", "data.source.path=org/name",

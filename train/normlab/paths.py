@@ -3,6 +3,7 @@ directory is named: ${model}-${norm}-seed${seed}, plus a tag of every other comm
 the run, so that the jobs of any `-m` sweep get directories (and wandb runs) of their own."""
 
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
@@ -118,8 +119,8 @@ def readable(name: str, prefix: str, value) -> str:
 
 def compact(number) -> str:
     """The shorter of 0.003 and 3e-3 (the same for every spelling of the number)."""
-    if isinstance(number, bool) or not isinstance(number, float):
-        return str(number)
+    if isinstance(number, bool) or not isinstance(number, float) or not math.isfinite(number):
+        return str(number)  # inf and nan too: checks.py refuses them, in a line that names the run
     plain = f"{number:g}"
     mantissa, _, exponent = f"{number:e}".partition("e")
     scientific = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
