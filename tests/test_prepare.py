@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from tiktoken_ext import openai_public
 
 from conftest import BIN, DOCS, compose_config, local_corpus_config, run_cli
-from normlab import prepare, tokenizer
+from normlab import outputs, prepare, tokenizer
 from normlab.errors import DataError
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1"}
@@ -193,7 +193,7 @@ def test_killed_prepare_leaves_the_old_corpus_and_the_next_prepare_its_leftovers
 def test_leftovers_of_dead_prepares_are_removed_or_put_back(tmp_path, capsys):
     dead = subprocess.Popen(["true"])
     dead.wait()
-    here = f"{prepare.HOST}-"
+    here = f"{outputs.HOST}-"
     running, elsewhere = f".corpus.staging-{here}{os.getppid()}", ".corpus.staging-elsewhere-1"
     for name in (
         f".corpus.staging-{here}{dead.pid}",
@@ -204,7 +204,7 @@ def test_leftovers_of_dead_prepares_are_removed_or_put_back(tmp_path, capsys):
     ):  # our pid: a dead prepare's, reused
         (tmp_path / name).mkdir()
         (tmp_path / name / "meta.json").write_text(name)
-    prepare.remove_leftovers(tmp_path / "corpus")
+    outputs.remove_leftovers(tmp_path / "corpus", "a prepare")
     assert (tmp_path / "corpus/meta.json").read_text() == f".corpus.old-{here}{dead.pid}"  # killed between the renames
     assert sorted(p.name for p in tmp_path.glob(".corpus.*")) == sorted([running, elsewhere])
     assert "is left by a prepare on elsewhere" in capsys.readouterr().err

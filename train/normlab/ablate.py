@@ -9,7 +9,6 @@ over windows. Beside it stands what predicts it: the share of the squared norm o
 of 0 whichever way it is ablated.
 """
 
-import csv
 import math
 import sys
 from collections.abc import Callable
@@ -246,21 +245,6 @@ def check_out(out: Path) -> None:
         raise AnalysisError(str(e)) from None
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    """All at once: a temporary file renamed over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-        tmp.replace(path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise AnalysisError(f"cannot write {path} ({e.strerror}): give a writable out=") from None
-
-
 def interval(row: dict) -> str:
     return f"{row['delta']:+.3g} [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
 
@@ -312,6 +296,6 @@ def main(cfg: DictConfig) -> None:
     rows = [{**names, **row} for row in rows]
     if not all(math.isfinite(r["delta"]) for r in rows):
         print("warning: some ablated losses are not finite (inf or nan in the CSV)", file=sys.stderr, flush=True)
-    write_csv(out, rows)
+    outputs.write_csv(out, CSV_COLUMNS, rows)
     print(summary(rows))
     print(f"wrote {out} ({len(rows)} rows, {rows[0]['windows']} windows, {rows[0]['tokens']:,} scored tokens)")

@@ -351,12 +351,7 @@ def append_csv(path: Path, records: list[dict]) -> None:
     if dropped:
         warn(f"{path}: dropped {dropped} torn or damaged row{'s' * (dropped > 1)}")
     kept = [row for row in rows if (row.get("source", ""), row["step"]) not in measured]
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(kept + records)
-    tmp.replace(path)
+    outputs.write_csv(path, CSV_COLUMNS, kept + records)
 
 
 # -- reading the CSV files back (normlab-report, tests)
@@ -699,10 +694,6 @@ def main(cfg: DictConfig) -> None:
     for warning in analysis.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     records = measure_analysis(analysis, device, cfg.probe.batch_size, cfg.probe.null_directions or 0)
-    try:  # written once measured: a failure leaves no partial output
-        out.parent.mkdir(parents=True, exist_ok=True)
-        append_csv(out, records)
-    except OSError as e:
-        raise AnalysisError(f"cannot write {out} ({e.strerror}): give a writable out=") from None
+    append_csv(out, records)  # written once measured: a failure leaves no partial output
     count = len(analysis.checkpoints)
     print(f"wrote {out} ({count} checkpoint{'s' * (count > 1)}, {analysis.windows.numel():,} probe tokens)")

@@ -7,7 +7,6 @@ the model's full context, each token predicted once (as normlab-train's validati
 results.csv and results.md (rows of other runs, tasks and steps already there kept) and to the run's own wandb run.
 """
 
-import csv
 import json
 import math
 import os
@@ -220,15 +219,6 @@ def merged_rows(path: Path, rows: list[dict]) -> list[dict]:
     return [r for r in old if key(r) not in new] + rows
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
 def number(value, digits: int = 4) -> str:
     try:
         return f"{float(value):.{digits}f}"
@@ -271,7 +261,7 @@ def write_results(out: Path, rows: list[dict]) -> list[dict]:
         out.mkdir(parents=True, exist_ok=True)
         with FileLock(out / ".results.lock"):  # jobs of a sweep launched in parallel may share one out
             rows = merged_rows(out / "results.csv", rows)
-            write_csv(out / "results.csv", rows)
+            outputs.write_csv(out / "results.csv", CSV_COLUMNS, rows, extrasaction="ignore")
             outputs.write_file(out / "results.md", markdown(rows))
     except outputs.OutputError as e:
         raise EvalError(str(e)) from None

@@ -8,14 +8,20 @@ eval, report, bench, prepare), checked before any work starts.
 - A command recognises its own earlier output by a marker it writes. A file's marker is its first line (a CSV's
   header, the title of a table). A folder's marker is `.normlab-<command>.json`, which lists the files it wrote.
   Only such an output is replaced. Where the command has `overwrite`, only with overwrite=true.
-- Writes are atomic. A file is written to a temporary file beside it and renamed. A folder is written into a staging
-  folder and swapped in, and a swap cut short is put right by the next run. A kill mid-write leaves the old output
-  whole.
+- Writes are atomic. A file is written to a temporary file beside it and renamed. A folder (a prepared corpus, an
+  export, a report) is written into a staging folder and swapped in, and what a killed write left is put right by
+  the next write on that machine. A kill mid-write leaves the old output whole.
 """
 
+import csv
+import glob
+import io
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +31,7 @@ from normlab.errors import NormlabError
 
 CORPUS_MARKER = "meta.json"  # with a token file: a prepared corpus (normlab-prepare)
 CORPUS_SPLITS = ("train.bin", "val.bin", "probe.bin")
+HOST = socket.gethostname()
 SCAN_LIMIT = 5000  # folders looked at when telling what a folder given as out= contains
 
 
@@ -132,19 +139,46 @@ def check_file(out: Path, command: str, written_by_command: Callable[[str], bool
     check_writable(out)
 
 
-def write_file(path: Path, data: str | bytes) -> None:
-    """`path` holds its old content or `data`, whatever happens (a temporary file beside it, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        os.fsync(fd)  # the renames in it reach the disk
+    finally:
+        os.close(fd)
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """`path` holds either its old content or `data`, whatever happens: a temporary file beside it, fsync, rename.
+    An OSError leaves no temporary file behind (a kill may: `.<name>.tmp`, which the next write replaces)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
         with open(tmp, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+        fsync_directory(path.parent)
+    except OSError:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_file(path: Path, data: str | bytes) -> None:
+    """An output file written whole or not at all (replace_file); a failure is one line (OutputError)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_file(path, data.encode() if isinstance(data, str) else data)
+    except OSError as e:
         raise OutputError(f"cannot write {path} ({e.strerror}): give a writable out=") from None
+
+
+def write_csv(path: Path, columns, rows: list[dict], **writer_options) -> None:
+    """A CSV file (csv.DictWriter's header and rows) written whole or not at all (write_file)."""
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=columns, **writer_options)
+    writer.writeheader()
+    writer.writerows(rows)
+    write_file(path, buffer.getvalue())
 
 
 # -- folders: a marker that lists what the command wrote
@@ -163,21 +197,54 @@ def written_files(out: Path, command: str) -> set[str] | None:
         return None
 
 
-def leftovers(out: Path) -> list[Path]:
-    return sorted(out.parent.glob(f".{out.name}.staging-*")) + sorted(out.parent.glob(f".{out.name}.old-*"))
+def running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
-def put_right(out: Path) -> None:
-    """Undo what a write of `out` that was killed left: its staging folders are removed, and an old output that was
-    renamed aside the instant before the new one came in is put back (or removed, when the new one is in place)."""
-    for path in leftovers(out):
-        kind, _, pid = path.name.removeprefix(f".{out.name}.").partition("-")
-        if pid.isdigit() and int(pid) != os.getpid() and Path(f"/proc/{pid}").exists():
-            continue  # that write may still be running
-        if kind == "old" and not out.exists():
-            path.rename(out)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+def remove_leftovers(out: Path, writer: str) -> None:
+    """Remove what the writes of `out` that were killed on this machine left: their staging folders, and the old
+    output one had renamed aside the instant before (put back if `out` is missing). Those of another machine (a
+    file system shared by nodes) are only reported: their write may be running. `writer` names it ("a prepare")."""
+    leftover = re.compile(rf"\.{re.escape(out.name)}\.(staging|old)-(.+)-(\d+)")
+    for path in out.parent.glob(f".{glob.escape(out.name)}.*"):
+        if not (match := leftover.fullmatch(path.name)):
+            continue
+        kind, host, pid = match[1], match[2], int(match[3])
+        if host != HOST:
+            print(f"warning: {path} is left by {writer} on {host}: delete it unless that one is still running",
+                  file=sys.stderr)
+        elif pid == os.getpid() or not running(pid):  # our own pid: reused from a dead process
+            if kind == "old" and not out.exists():
+                path.rename(out)
+            else:
+                shutil.rmtree(path)
+
+
+@contextmanager
+def staging(out: Path, writer: str) -> Iterator[Path]:
+    """A new folder beside `out` to write the output into. When the block succeeds, it replaces `out` (the old
+    folder is renamed aside, the new one into place, then the old one deleted); when the block fails, it is removed
+    and `out` is left as it was."""
+    remove_leftovers(out, writer)
+    new, old = (out.parent / f".{out.name}.{kind}-{HOST}-{os.getpid()}" for kind in ("staging", "old"))
+    new.mkdir(parents=True)
+    try:
+        yield new
+        if out.exists():
+            out.rename(old)
+        new.rename(out)
+    except BaseException:
+        if old.exists() and not out.exists():
+            old.rename(out)
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_folder(out: Path, command: str, *, owned_in_run: tuple[str, ...] = (),
@@ -187,7 +254,7 @@ def check_folder(out: Path, command: str, *, owned_in_run: tuple[str, ...] = (),
     rewrites its own output each time (the report); False to refuse even that."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"out={out} is a file: give a folder")
-    put_right(out)
+    remove_leftovers(out, command)
     check_place(out, command, owned_in_run)
     if out.is_dir() and any(out.iterdir()):
         files = written_files(out, command)
@@ -207,24 +274,12 @@ def check_folder(out: Path, command: str, *, owned_in_run: tuple[str, ...] = (),
 
 @contextmanager
 def staged_folder(out: Path, command: str) -> Iterator[Path]:
-    """A staging folder beside `out` to write the output into. When the block succeeds, the marker listing every
-    file in it is added and it replaces `out`: the old output is renamed aside, the new one into place, then the old
-    one removed. When the block fails, the staging folder is removed and `out` is left as it was."""
-    put_right(out)
-    new, old = (out.parent / f".{out.name}.{kind}-{os.getpid()}" for kind in ("staging", "old"))
+    """staging(out), with the command's marker listing every file written added before the new folder replaces
+    `out`; a failure to write is one line (OutputError)."""
     try:
-        new.mkdir(parents=True)
-        yield new
-        files = sorted(str(p.relative_to(new)) for p in new.rglob("*") if not p.is_dir())
-        write_file(marker(new, command), json.dumps({"command": command, "files": files}, indent=1) + "\n")
-        if out.exists():
-            out.rename(old)
-        new.rename(out)
-    except BaseException as e:
-        if old.exists() and not out.exists():
-            old.rename(out)
-        shutil.rmtree(new, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise OutputError(f"cannot write {out} ({e.strerror or e}): give a writable out=") from None
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        with staging(out, command) as new:
+            yield new
+            files = sorted(str(p.relative_to(new)) for p in new.rglob("*") if not p.is_dir())
+            write_file(marker(new, command), json.dumps({"command": command, "files": files}, indent=1) + "\n")
+    except OSError as e:
+        raise OutputError(f"cannot write {out} ({e.strerror or e}): give a writable out=") from None

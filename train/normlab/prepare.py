@@ -19,14 +19,13 @@ import json
 import lzma
 import os
 import re
-import shutil
 import socket
 import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Iterable
+from contextlib import nullcontext
 from fnmatch import fnmatch
 from pathlib import Path
 from urllib.parse import urlparse
@@ -54,7 +53,6 @@ REENCODE_HINT = ("re-encode it as UTF-8 (iconv -f latin1 -t utf-8) or give its e
                  "+data.source.load_kwargs.encoding=latin1")
 # How to read a file, by the compression datasets' Extractor finds in its first bytes (None: not compressed)
 DECOMPRESS = {None: nullcontext, "gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
-HOST = socket.gethostname()
 
 
 def hub_offline_hint(name: str) -> str:
@@ -236,58 +234,6 @@ def check_output(out: Path) -> None:
         )
 
 
-def running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
-
-
-def remove_leftovers(out: Path) -> None:
-    """Remove what the prepares into `out` that were killed on this machine left: their staging directories, and
-    the old corpus one had renamed aside the instant before (put back if `out` is missing). Those of another
-    machine are only reported: their prepare may be running."""
-    leftover = re.compile(rf"\.{re.escape(out.name)}\.(staging|old)-(.+)-(\d+)")
-    for path in out.parent.glob(f".{glob.escape(out.name)}.*"):
-        if not (match := leftover.fullmatch(path.name)):
-            continue
-        kind, host, pid = match[1], match[2], int(match[3])
-        if host != HOST:
-            print(
-                f"warning: {path} is left by a prepare on {host}: delete it unless that one is still running",
-                file=sys.stderr,
-            )
-        elif pid == os.getpid() or not running(pid):  # our own pid: reused from a dead process
-            if kind == "old" and not out.exists():
-                path.rename(out)
-            else:
-                shutil.rmtree(path)
-
-
-@contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """A new directory beside `out` to write the corpus into. When the block succeeds, it replaces `out` (the old
-    directory is renamed aside, the new one into place, then the old one deleted); when the block fails, it is
-    removed and `out` is left as it was."""
-    remove_leftovers(out)
-    new, old = (out.parent / f".{out.name}.{kind}-{HOST}-{os.getpid()}" for kind in ("staging", "old"))
-    new.mkdir(parents=True)
-    try:
-        yield new
-        if out.exists():
-            out.rename(old)
-        new.rename(out)
-    except BaseException:
-        if old.exists() and not out.exists():
-            old.rename(out)
-        shutil.rmtree(new, ignore_errors=True)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 class TokenFile:
     """Writes uint16 tokens to `path` while counting and hashing them."""
 
@@ -400,7 +346,7 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
         "dtype": "uint16",
         "splits": {},
     }
-    with staging(out) as new:
+    with outputs.staging(out, "a prepare") as new:
         if source.get("probe_tokens"):
             meta["splits"]["probe"] = write_probe(docs, encoding, new / "probe.bin", source.probe_tokens, num_proc,
                                                   source.get("probe_sample_seed"), source.get("probe_buffer", 10_000))

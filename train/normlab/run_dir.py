@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from normlab.errors import ConfigError, NormlabError, process_rank
+from normlab.outputs import replace_file
 from normlab.paths import RUN_ID_FILE, identifies_the_run
 
 CLAIM_FILE = ".claim"
@@ -71,14 +72,6 @@ def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every:
 # -- durable files
 
 
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the renames in it reach the disk
-    finally:
-        os.close(fd)
-
-
 def fsync_file(path: Path) -> None:
     if path.is_file():
         fd = os.open(path, os.O_RDONLY)
@@ -89,17 +82,10 @@ def fsync_file(path: Path) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """`path` holds either its old content or `data`, whatever happens (temporary file, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """`path` holds either its old content or `data`, whatever happens (outputs.replace_file)."""
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
+        replace_file(path, data)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise write_error(path, e) from None
 
 
