@@ -167,22 +167,29 @@ def test_sigkill_at_any_instant_loses_at_most_the_steps_since_the_last_validatio
     assert_same_run(run, whole)
 
 
+def stopped_by(signum: int, run: Path, after_steps: int) -> int:
+    """Start the run, send `signum` once it has logged `after_steps` steps: exit 128 + signum, one line naming
+    last.ckpt and the step it was in, which last.ckpt holds (nothing lost). That step."""
+    process = start(f"run_dir={run}")
+    assert wait_for(process, lambda: logged_steps(run) >= after_steps)
+    process.send_signal(signum)
+    err = finish(process, 128 + signum)
+    stopped_at = logged_steps(run)
+    assert err.strip().splitlines()[-1] == (
+        f"normlab-train: error: {signal.Signals(signum).name}: saved {run}/checkpoints/last.ckpt at "
+        f"step {stopped_at}; run the same command to resume from it"
+    )
+    assert verify(run / "checkpoints" / "last.ckpt").step == stopped_at  # nothing lost: the step it was in is saved
+    return stopped_at
+
+
 def test_sigterm_saves_the_step_exits_143_and_a_copied_damaged_run_resumes_exactly(whole, tmp_path):
     """SIGTERM mid-run: the step finishes, last.ckpt holds it, exit 143, no step lost. Then the run directory is
     copied (cp -r gives every file a new time: last.ckpt becomes the oldest), a torn row is appended to metrics.csv
     and angles.csv loses its tail mid-row: the copy resumes from the step inside last.ckpt, drops the torn rows,
     measures the lost angle rows again from the scheduled checkpoint, and ends as the uninterrupted run."""
     run = tmp_path / "run"
-    process = start(f"run_dir={run}")
-    assert wait_for(process, lambda: logged_steps(run) >= 14)
-    process.send_signal(signal.SIGTERM)
-    err = finish(process, 128 + signal.SIGTERM)
-    stopped_at = logged_steps(run)
-    assert err.strip().splitlines()[-1] == (
-        f"normlab-train: error: SIGTERM: saved {run}/checkpoints/last.ckpt at "
-        f"step {stopped_at}; run the same command to resume from it"
-    )
-    assert verify(run / "checkpoints" / "last.ckpt").step == stopped_at  # nothing lost: the step it was in is saved
+    stopped_at = stopped_by(signal.SIGTERM, run, after_steps=14)
 
     copy = Path(shutil.copytree(run, tmp_path / "copy"))
     os.utime(copy / "checkpoints" / "last.ckpt", (1e9, 1e9))  # older than every other checkpoint
@@ -203,16 +210,7 @@ def test_ctrl_c_saves_the_step_exits_130_and_a_second_ctrl_c_ends_the_process_at
     once (killed by the signal, the save cut short, as by SIGKILL): the next start resumes from the newest intact
     checkpoint, and the run ends as the uninterrupted one."""
     run = tmp_path / "run"
-    process = start(f"run_dir={run}")
-    assert wait_for(process, lambda: logged_steps(run) >= 7)
-    process.send_signal(signal.SIGINT)
-    err = finish(process, 128 + signal.SIGINT)
-    stopped_at = logged_steps(run)
-    assert err.strip().splitlines()[-1] == (
-        f"normlab-train: error: SIGINT: saved {run}/checkpoints/last.ckpt at "
-        f"step {stopped_at}; run the same command to resume from it"
-    )
-    assert verify(run / "checkpoints" / "last.ckpt").step == stopped_at  # nothing lost: the step it was in is saved
+    stopped_at = stopped_by(signal.SIGINT, run, after_steps=7)
 
     process = start(f"run_dir={run}")
     done = next(n for n in range(stopped_at + 2, stopped_at + 2 + VAL_EVERY) if n % VAL_EVERY == 1)

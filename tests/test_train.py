@@ -223,8 +223,8 @@ def test_wandb_logs_offline_without_an_account(prepared, tmp_path):
 def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path):
     """Output not on a terminal (a Slurm job's log): no progress bar, a line every print_every steps instead, and
     Lightning's and wandb's messages reduced to what a user reads (the wandb logger on, offline)."""
-    overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")] + ["callbacks.throughput.print_every=4",
-                                                                          "callbacks.throughput.print_every_seconds=null"]
+    overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")]
+    overrides += ["callbacks.throughput.print_every=4", "callbacks.throughput.print_every_seconds=null"]
     result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
