@@ -25,6 +25,8 @@ StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 ReturnToService=2
 MpiDefault=none
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
 CONF
 )
 if [ "$CONF" != "$(cat /etc/slurm/slurm.conf 2>/dev/null)" ]; then
