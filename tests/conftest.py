@@ -10,7 +10,7 @@ import pytest
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
 
-from normlab.paths import CONF_DIR, DATA_DIR
+from normlab.common.paths import CONF_DIR, DATA_DIR
 
 BIN = Path(sys.executable).parent
 EMBEDDED = DATA_DIR / "embedded"

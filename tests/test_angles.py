@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from conftest import run_cli
-from normlab.angles import (
+from normlab.model.gpt import GPT, GPTConfig
+from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.study.angles import (
     LAYOUTS,
     POSITIONS,
     AngleProbe,
@@ -21,8 +23,6 @@ from normlab.angles import (
     random_directions,
     read_csv,
 )
-from normlab.model import GPT, GPTConfig
-from normlab.norms import LayerNorm, RMSNorm
 
 
 def identity_probe(d):
@@ -93,7 +93,7 @@ def test_the_percentile_null_places_the_mean_angle_to_1_among_random_directions(
 
 
 def test_wandb_panels_come_in_sections_of_one_question_each():
-    from normlab.callbacks.angles import wandb_scalars
+    from normlab.training.callbacks.angles import wandb_scalars
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
     model.init_weights(0)
@@ -115,7 +115,7 @@ def test_wandb_panels_come_in_sections_of_one_question_each():
 
 
 def test_wandb_gets_the_reports_per_layer_figure_of_each_probe(tmp_path):
-    from normlab.callbacks.angles import layer_figure
+    from normlab.training.callbacks.angles import layer_figure
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
     model.init_weights(0)
@@ -231,7 +231,7 @@ def test_normlab_angles_holds_one_model_in_memory_at_a_time(tmp_path):
     import gc
     import weakref
 
-    from normlab.angles import Analysis, measure_analysis
+    from normlab.study.angles import Analysis, measure_analysis
 
     alive = []
 
@@ -253,7 +253,7 @@ def test_normlab_angles_holds_one_model_in_memory_at_a_time(tmp_path):
 def test_a_bfloat16_model_is_measured_with_float64_statistics():
     """dtype=bfloat16 (a 6-8B model on one 80 GB GPU): the weights and activations in bf16, the statistics still
     float64, the angles those of the float32 model to bf16 precision."""
-    from normlab.angles import DTYPES
+    from normlab.study.angles import DTYPES
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
     model.init_weights(0)
@@ -271,9 +271,9 @@ def test_a_bfloat16_model_is_measured_with_float64_statistics():
 
 DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
-from normlab.angles import measure, norm_sites
-from normlab.model import GPT, GPTConfig
-from normlab.norms import RMSNorm
+from normlab.study.angles import measure, norm_sites
+from normlab.model.gpt import GPT, GPTConfig
+from normlab.model.norms import RMSNorm
 rank, world, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 dist.init_process_group("gloo", init_method=f"file://{path}.rendezvous", rank=rank, world_size=world)
 model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
@@ -312,7 +312,9 @@ def test_ddp_ranks_merge_to_the_single_process_result(tmp_path):
 
 def tiny_hf(model_type):
     transformers = pytest.importorskip("transformers")
-    from normlab.hf_rmsnorm_gpt2 import NormlabRMSGPT2Config  # registers its model type with AutoModelForCausalLM
+    from normlab.interop.hf_rmsnorm_gpt2 import (
+        NormlabRMSGPT2Config,  # registers its model type with AutoModelForCausalLM
+    )
     common = dict(vocab_size=50257, num_hidden_layers=2, num_attention_heads=4)
     configs = {
         "gpt2": transformers.GPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),

@@ -9,8 +9,8 @@ import torch
 from hydra.utils import instantiate
 
 from conftest import compose_config, local_corpus_config
-from normlab.data import ResumableLoader, ShuffledWindows
-from normlab.pipeline import build_module
+from normlab.data.datamodule import ResumableLoader, ShuffledWindows
+from normlab.training.pipeline import build_module
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

@@ -59,7 +59,7 @@ def test_shared_parts_are_included_where_they_belong():
     paper = compose_config("train", ["experiment=paper_70m"])
     assert paper.data.name == "openwebtext" and paper.probe.split == "probe" and paper.global_batch_size == 64
     for corpus in ("embedded", "files", "hub", "openwebtext", "wikipedia"):
-        assert compose_config("train", [f"data={corpus}"]).data._target_ == "normlab.data.TokenDataModule"
+        assert compose_config("train", [f"data={corpus}"]).data._target_ == "normlab.data.datamodule.TokenDataModule"
 
 
 @pytest.mark.parametrize("command", COMMANDS)

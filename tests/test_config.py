@@ -8,9 +8,9 @@ import torch
 from hydra.core.plugins import Plugins
 
 from conftest import compose_config, run_cli
-from normlab.paths import PROJECT_ROOT
-from normlab.pipeline import build_model
-from normlab.plan import PEAK_BF16_FLOPS
+from normlab.common.paths import PROJECT_ROOT
+from normlab.training.pipeline import build_model
+from normlab.training.runtime import PEAK_BF16_FLOPS
 
 
 @pytest.mark.parametrize("model", ["tiny", "70m", "160m", "410m", "1b"])
@@ -102,7 +102,8 @@ def test_every_data_entry_composes_for_prepare_and_train(data):
     prep = compose_config("prepare", [f"data={data}"])
     train = compose_config("train", [f"data={data}"])
     assert prep.data.source == train.data.source
-    assert train.data._target_ == "normlab.data.TokenDataModule" and train.data.dir.endswith(f"/data/{train.data.name}")
+    assert train.data._target_ == "normlab.data.datamodule.TokenDataModule"
+    assert train.data.dir.endswith(f"/data/{train.data.name}")
     if data == "wikipedia":
         assert prep.data.source.probe_tokens == 1_000_000 and prep.data.source.streaming
     if data == "openwebtext":

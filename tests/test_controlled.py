@@ -5,8 +5,8 @@ import itertools
 import torch
 
 from conftest import compose_config
-from normlab.data import ShuffledWindows
-from normlab.pipeline import build_module
+from normlab.data.datamodule import ShuffledWindows
+from normlab.training.pipeline import build_module
 
 
 def modules(seed=0, model="tiny"):

@@ -7,8 +7,8 @@ import pytest
 from hydra.utils import instantiate
 
 from conftest import compose_config
-from normlab import tokenizer
-from normlab.errors import DataError
+from normlab.common.errors import DataError
+from normlab.data import tokenizer
 
 
 def test_offline_tokenizer_is_gpt2(prepared):
@@ -69,7 +69,7 @@ def test_windows_are_consecutive_tokens_with_shifted_targets(prepared):
 
 
 def test_no_tokenizer_offline_is_one_clear_error(tmp_path, monkeypatch):
-    from normlab.errors import TokenizerError
+    from normlab.common.errors import TokenizerError
 
     monkeypatch.setattr(tokenizer, "RANKS_FILE", tmp_path / "missing.tiktoken")
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
@@ -84,7 +84,7 @@ def test_tokenizer_uses_tiktokens_cache_or_a_given_file_offline(prepared, tmp_pa
     import hashlib
     import shutil
 
-    from normlab.errors import TokenizerError
+    from normlab.common.errors import TokenizerError
 
     monkeypatch.setattr(tokenizer, "RANKS_FILE", tmp_path / "missing.tiktoken")
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # no network

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from conftest import BIN, compose_config
-from normlab.angles import AngleProbe, NormSite, read_csv
-from normlab.norms import LayerNorm
-from normlab.pipeline import build_module
+from normlab.model.norms import LayerNorm
+from normlab.study.angles import AngleProbe, NormSite, read_csv
+from normlab.training.pipeline import build_module
 
 STEPS = 8
 RUN = [
@@ -135,7 +135,7 @@ def test_fsdp_units_are_the_transformer_blocks_and_the_rest_of_the_model(prepare
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
-    from normlab.strategies import shard_by_block
+    from normlab.training.strategies import shard_by_block
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from conftest import EMBEDDED, FAST_TRAIN, compose_config, run_cli
-from normlab.angles import load_normlab
-from normlab.evaluate import main
-from normlab.report import report
-from normlab.tokenizer import gpt2
+from normlab.data.tokenizer import gpt2
+from normlab.interop.evaluate import main
+from normlab.study.angles import load_normlab
+from normlab.study.report import report
 
 NORMS = ("layernorm", "rmsnorm")
 CLOZE_DOCS = 10
@@ -220,7 +220,7 @@ def test_the_report_pairs_ln_and_rms_on_every_task_and_metric(evaluated, tmp_pat
                              "own: include_path=[FOLDER_OF_YAMLS]; held-out perplexity: perplexity_<data>"),
 ])
 def test_bad_input_is_refused_before_anything_runs_or_is_written(evaluated, tmp_path, setting, message):
-    from normlab.evaluate import EvalError
+    from normlab.interop.evaluate import EvalError
 
     overrides = [f"model_path={evaluated / 'runs' / 'layernorm'}", "tasks=[perplexity_embedded]", f"out={tmp_path}/out",
                  setting]

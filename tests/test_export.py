@@ -1,4 +1,4 @@
-"""normlab-export and normlab.export.hugging_face, on a LayerNorm run (without bias) and an RMSNorm run (with bias),
+"""normlab-export and interop.export.hugging_face, on a LayerNorm run (without bias) and an RMSNorm run (with bias),
 each trained once by the real normlab-train: the exported directories give normlab's logits with transformers, the
 angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their tokenizer (tiktoken's, on the whole
 embedded corpus), and the RMSNorm one loads with trust_remote_code in a process that never imports normlab; and
@@ -18,11 +18,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
 
 from conftest import DOCS, EMBEDDED, FAST_TRAIN, compose_config, run_cli
-from normlab import tokenizer as gpt2
-from normlab.angles import load_normlab, read_csv
-from normlab.export import ExportError, hf_model, hugging_face, main
-from normlab.model import GPT, GPTConfig
-from normlab.norms import LayerNorm, RMSNorm
+from normlab.data import tokenizer as gpt2
+from normlab.interop.export import ExportError, hf_model, hugging_face, main
+from normlab.model.gpt import GPT, GPTConfig
+from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.study.angles import load_normlab, read_csv
 
 NORMS = ("layernorm_nobias", "rmsnorm_bias")  # the bias-free LN gets zero biases; the RMS model keeps its bias
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs
@@ -83,7 +83,7 @@ def test_the_exported_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(runs,
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_the_export_gives_normlabs_logits(runs, norm):
-    import normlab.hf_rmsnorm_gpt2  # noqa: F401 (what normlab-angles does: from_pretrained then needs no remote code)
+    import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401 (what normlab-angles does: from_pretrained then needs no remote code)
 
     exported = export_of(runs, norm)
     config = json.loads((exported / "config.json").read_text())
@@ -188,7 +188,7 @@ def test_every_norm_with_a_tied_head_exports_to_the_same_logits(tmp_path, norm, 
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
     hf_model(model.eval(), {"run": "random"}).save_pretrained(tmp_path)
-    import normlab.hf_rmsnorm_gpt2  # noqa: F401 (registers the RMSNorm model type)
+    import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401 (registers the RMSNorm model type)
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert exported.config.tie_word_embeddings and exported.lm_head.weight is exported.transformer.wte.weight

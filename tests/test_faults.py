@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import BIN
-from normlab.run_dir import RunDirError, verify
+from normlab.training.run_dir import RunDirError, verify
 
 VAL_EVERY = 3
 RUN = [

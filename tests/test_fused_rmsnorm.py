@@ -1,4 +1,4 @@
-"""normlab.fused_rmsnorm.rms_norm against F.rms_norm: forward, both gradients, every dtype, and the fallback."""
+"""normlab.model.fused_rmsnorm.rms_norm against F.rms_norm: forward, both gradients, every dtype, and the fallback."""
 
 import shutil
 import warnings
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from normlab import fused_rmsnorm
-from normlab.fused_rmsnorm import rms_norm
+from normlab.model import fused_rmsnorm
+from normlab.model.fused_rmsnorm import rms_norm
 
 EPS = 1e-5
 

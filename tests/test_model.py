@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from conftest import compose_config, run_cli
-from normlab.model import GPT, GPTConfig
-from normlab.norms import LayerNorm, RMSNorm
-from normlab.pipeline import build_model
+from normlab.model.gpt import GPT, GPTConfig
+from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.training.pipeline import build_model
 
 # ../shared/REFERENCE.md section 2: GPT-2 blocks with biases, LayerNorm with bias, vocab 50257, context 1024.
 PAPER_COUNTS = {  # preset: (layers, d, tied count, untied count)

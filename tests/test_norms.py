@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from normlab.norms import LayerNorm, RMSNorm
+from normlab.model.norms import LayerNorm, RMSNorm
 
 D = 64
 

@@ -1,4 +1,4 @@
-"""Nothing lost by a command that writes (train/normlab/outputs.py): an out= that is, lies inside or contains a run
+"""Nothing lost by a command that writes (common/outputs.py): an out= that is, lies inside or contains a run
 directory or a prepared corpus is refused in one line before any work, with every byte of the user's files as it
 was; overwrite=true replaces only an earlier output of the same command; a write killed midway leaves the old
 output whole. The four reproductions of issue 20 run through the real commands on a run trained by normlab-train."""
@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_TRAIN, compose_config, run_cli
-from normlab import evaluate, outputs, report, sample
-from normlab.errors import DataError
-from normlab.export import ExportError
-from normlab.export import main as export
-from normlab.prepare import check_output
+from normlab.common import outputs
+from normlab.common.errors import DataError
+from normlab.data.prepare import check_output
+from normlab.interop import evaluate, sample
+from normlab.interop.export import ExportError
+from normlab.interop.export import main as export
+from normlab.study import report
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +192,7 @@ def test_describe_writes_nothing(tmp_path):
 WRITER = """
 import sys, time
 from pathlib import Path
-from normlab import outputs
+from normlab.common import outputs
 out = Path(sys.argv[1])
 with outputs.staged_folder(out, "normlab-report") as new:
     (new / "summary.md").write_text("new report")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from normlab.paths import CHECKOUT, DATA_DIR
+from normlab.common.paths import CHECKOUT, DATA_DIR
 
 CONF = CHECKOUT / "conf"
 
@@ -58,8 +58,8 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     work = tmp_path / "project"  # a user's project folder: data/ and checkpoints/ are found here
     shutil.copytree(DATA_DIR / "embedded", work / "data" / "embedded")
     shutil.copytree(DATA_DIR / "tokenizer", work / "data" / "tokenizer")
-    where = run(env, work, sys.executable, "-c", "import normlab.paths as p; print(p.__file__, p.CONF_DIR)")
-    assert where.stdout.split() == [str(site / "normlab" / "paths.py"), str(site / "normlab" / "conf")]
+    where = run(env, work, sys.executable, "-c", "import normlab.common.paths as p; print(p.__file__, p.CONF_DIR)")
+    assert where.stdout.split() == [str(site / "normlab" / "common" / "paths.py"), str(site / "normlab" / "conf")]
 
     described = run(env, work, "normlab-describe", "experiment=paper_1b")
     assert described.returncode == 0, described.stderr

@@ -1,4 +1,4 @@
-"""The resource plan (normlab/plan.py) against what really happens on CPU: the bytes autograd saves for backward, the
+"""The resource plan (cluster/plan.py) against what really happens on CPU: the bytes autograd saves for backward, the
 peak memory of real training steps, the disk of a real run's checkpoints; and normlab-describe's plan."""
 
 import os
@@ -12,9 +12,9 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.data import DataLoader
 
 from conftest import FAST_TRAIN, compose_config, run_cli
-from normlab import plan, preflight
-from normlab.errors import ConfigError
-from normlab.pipeline import build_model, build_module, build_trainer, train
+from normlab.cluster import plan, preflight
+from normlab.common.errors import ConfigError
+from normlab.training.pipeline import build_model, build_module, build_trainer, train
 
 # Layers, width, heads, context, vocabulary, norm and micro-batch vary; with GPT-2's vocabulary the logits dominate.
 SHAPES = {

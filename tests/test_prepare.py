@@ -19,8 +19,9 @@ from omegaconf import OmegaConf
 from tiktoken_ext import openai_public
 
 from conftest import BIN, DOCS, compose_config, local_corpus_config, run_cli
-from normlab import outputs, prepare, tokenizer
-from normlab.errors import DataError
+from normlab.common import outputs
+from normlab.common.errors import DataError
+from normlab.data import prepare, tokenizer
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1"}
 

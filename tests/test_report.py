@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from normlab.angles import REFERENCES
-from normlab.report import Interval, find_runs, group_runs, main, norm_variant, t_quantile_975
+from normlab.study.angles import REFERENCES
+from normlab.study.report import Interval, find_runs, group_runs, main, norm_variant, t_quantile_975
 
 N_LAYER, D, COUNT = 2, 64, 10_000
 OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg",

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, state, wait
-from normlab.run_dir import Claim, RunDirError, process_start, read_table, this_process
+from normlab.training.run_dir import Claim, RunDirError, process_start, read_table, this_process
 
 
 def claim_of(run, **holder) -> Claim:

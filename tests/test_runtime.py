@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import compose_config
-from normlab import runtime
-from normlab.angles import measure, norm_sites
-from normlab.errors import ConfigError
-from normlab.pipeline import build_module
+from normlab.common.errors import ConfigError
+from normlab.study.angles import measure, norm_sites
+from normlab.training import runtime
+from normlab.training.pipeline import build_module
 
 
 def test_threads_default_to_the_cores_shared_by_the_processes_of_a_node():

@@ -1,4 +1,4 @@
-"""normlab-sample and normlab.sample.generate on a tiny GPT written as a run directory (random weights: what is
+"""normlab-sample and normlab.interop.sample.generate on a tiny GPT written as a run directory (random weights: what is
 tested is the decoding, not the text's quality): a seed's text is reproducible and another seed's differs, temperature
 0 and top_k=1 are greedy, top_k draws only among the k most likely tokens, the prompt comes first, past the context a
 token costs one window through the blocks and one position through the LM head and gives the tokens of whole-window
@@ -12,11 +12,11 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import compose_config, run_cli
-from normlab.model import GPT, GPTConfig
-from normlab.norms import RMSNorm
-from normlab.run_dir import write_checkpoint
-from normlab.sample import SampleError, generate, samples
-from normlab.tokenizer import EOT, gpt2
+from normlab.data.tokenizer import EOT, gpt2
+from normlab.interop.sample import SampleError, generate, samples
+from normlab.model.gpt import GPT, GPTConfig
+from normlab.model.norms import RMSNorm
+from normlab.training.run_dir import write_checkpoint
 
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 PROMPT = "The quick brown fox"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cluster_ready, needs_slurm, state, wait
-from normlab.paths import PROJECT_ROOT
-from normlab.run_dir import verify
+from normlab.common.paths import PROJECT_ROOT
+from normlab.training.run_dir import verify
 
 RUN = [
     "model.n_layer=2",

@@ -11,13 +11,13 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, compose_config, run_cli
-from normlab.angles import read_csv
-from normlab.data import load_probe
-from normlab.errors import NonFiniteError
-from normlab.module import lr_factor
-from normlab.pipeline import build, build_module, build_trainer
-from normlab.run_dir import verify
-from normlab.tokenizer import EOT
+from normlab.common.errors import NonFiniteError
+from normlab.data.datamodule import load_probe
+from normlab.data.tokenizer import EOT
+from normlab.study.angles import read_csv
+from normlab.training.module import lr_factor
+from normlab.training.pipeline import build, build_module, build_trainer
+from normlab.training.run_dir import verify
 
 NORMS = ("layernorm", "rmsnorm")
 

@@ -1,3 +1,3 @@
 """normlab: controlled LayerNorm-vs-RMSNorm GPT-2 pretraining."""
 
-from normlab import paths  # noqa: F401  (registers the config resolvers)
+from normlab.common import paths  # noqa: F401  (registers the config resolvers)

@@ -7,7 +7,7 @@ written to a file. The sections:
     prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
     angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
     preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
-                   the resource plan (memory, MFU); only when named (normlab/preflight.py)
+                   the resource plan (memory, MFU); only when named (normlab/cluster/preflight.py)
 
 Times are medians of repetitions interleaved between the things compared, so that a machine shared with other
 work slows them alike; ratios are what to read.
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from normlab.paths import CONF_DIR
+from normlab.common.paths import CONF_DIR
 
 SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
 CHECKS = ["preflight"]  # pass/fail checks: run only when named
@@ -58,7 +58,7 @@ def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
     import torch
     import torch.nn.functional as F
 
-    from normlab.norms import LayerNorm, RMSNorm
+    from normlab.model.norms import LayerNorm, RMSNorm
 
     results = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -114,8 +114,8 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
     model of the 70m width."""
     import torch
 
-    from normlab.callbacks.progress import peak_flops
-    from normlab.pipeline import build_module
+    from normlab.training.pipeline import build_module
+    from normlab.training.runtime import peak_flops
 
     if device.type == "cuda":
         shape, batch = ["model=410m", "runtime.compile=true"], 8
@@ -168,7 +168,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
     import lightning as L
     import torch
 
-    from normlab.pipeline import build, build_module, train
+    from normlab.training.pipeline import build, build_module, train
 
     class PlainTwin(L.Callback):
         def __init__(self, cfg):
@@ -257,7 +257,7 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
     """Prepare local jsonl corpora of 1x and 4x the size, made of the embedded corpus cut into documents."""
     from omegaconf import OmegaConf
 
-    from normlab.prepare import load_documents
+    from normlab.data.prepare import load_documents
 
     source = OmegaConf.load(CONF_DIR / "data" / "embedded.yaml").source
     texts = load_documents("embedded", source)["text"]
@@ -293,8 +293,8 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
 def probe_setup(model_name: str, seq_len: int, null_directions: int):
     import torch
 
-    from normlab.angles import measure, norm_sites
-    from normlab.pipeline import build_model
+    from normlab.study.angles import measure, norm_sites
+    from normlab.training.pipeline import build_model
 
     model = build_model(compose([f"model={model_name}", f"model.block_size={seq_len}"]))
     model.init_weights(0)
@@ -382,9 +382,9 @@ def main() -> None:
 
     @hydra_app("bench")
     def bench(cfg) -> None:
-        from normlab import outputs
-        from normlab.checks import positive_int
-        from normlab.errors import ConfigError
+        from normlab.common import outputs
+        from normlab.common.errors import ConfigError
+        from normlab.training.checks import positive_int
 
         sections = [cfg.sections] if isinstance(cfg.sections, str) else list(cfg.sections)
         unknown = [name for name in sections if name not in SECTIONS + CHECKS]
@@ -399,7 +399,7 @@ def main() -> None:
         import torch
         from hydra.core.global_hydra import GlobalHydra
 
-        from normlab.runtime import keep_freed_memory
+        from normlab.training.runtime import keep_freed_memory
 
         GlobalHydra.instance().clear()  # the sections compose training configs of their own
         keep_freed_memory()  # as normlab-train does
@@ -416,7 +416,7 @@ def main() -> None:
         if "angles" in sections:
             rows += bench_angles(cfg.model.name, cfg.seq_len, 4, 3 * cfg.repeats, cfg.null_directions)
         if "preflight" in sections:
-            from normlab.preflight import preflight
+            from normlab.cluster.preflight import preflight
 
             rows += preflight(device)
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()

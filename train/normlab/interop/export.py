@@ -1,0 +1,204 @@
+"""normlab-export: a normlab checkpoint as a Hugging Face model directory, with GPT-2's tokenizer files beside it.
+
+A LayerNorm model (with or without bias; without, its biases are zeros) becomes transformers' GPT2LMHeadModel;
+an RMSNorm model (with or without bias) becomes NormlabRMSGPT2LMHeadModel (interop/hf_rmsnorm_gpt2.py, saved with
+it as custom code). Both compute what the normlab model computes: pre-norm blocks, learned positions, tanh GELU
+(gelu_new), the same eps, the LM head tied or not as trained; nn.Linear weights become GPT-2's Conv1D (transposed).
+The tokenizer (vocab.json, merges.txt, tokenizer.json) is rebuilt offline from the tiktoken ranks file normlab
+tokenizes with, so that it gives the ids the model was trained on. config.json carries `normlab`: the run, model,
+norm, seed and step that were exported.
+"""
+
+import sys
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.common import outputs
+from normlab.common.errors import NormlabError
+from normlab.data import tokenizer as gpt2
+from normlab.model import norms
+from normlab.study.angles import DTYPES
+
+if TYPE_CHECKING:
+    import transformers  # only for the annotations: importing it takes seconds
+
+COMMAND = "normlab-export"
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+class ExportError(NormlabError):
+    """A checkpoint that normlab-export cannot convert, or an output directory that it must not write."""
+
+
+# -- the tokenizer
+
+
+def last_merge(token: bytes, ranks: dict[bytes, int]) -> list[bytes]:
+    """The two tokens whose merge makes `token`: byte-pair encoding of its bytes, stopped one merge short."""
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 2:
+        i = min(range(len(parts) - 1), key=lambda j: ranks.get(parts[j] + parts[j + 1], len(ranks)))
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+@cache
+def vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """GPT-2's vocab.json and merges.txt, recovered from the tiktoken ranks: a token's rank is its id, and its
+    merge's priority (tiktoken merges the pair of lowest rank first); bytes are written as GPT-2's printable
+    characters (transformers' bytes_to_unicode)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    encoding = gpt2.gpt2()
+    tokens = [encoding.decode_single_token_bytes(rank) for rank in range(gpt2.EOT)]
+    ranks = {token: rank for rank, token in enumerate(tokens)}
+    byte_chars = bytes_to_unicode()
+    as_text = lambda token: "".join(byte_chars[b] for b in token)  # noqa: E731
+    vocab = {as_text(token): rank for rank, token in enumerate(tokens)} | {"<|endoftext|>": gpt2.EOT}
+    merges = [tuple(as_text(part) for part in last_merge(token, ranks)) for token in tokens if len(token) > 1]
+    return vocab, merges
+
+
+def gpt2_tokenizer(model_max_length: int = 1024):
+    """GPT-2's tokenizer for transformers (a GPT2TokenizerFast; <|endoftext|> is its bos, eos and unk token)."""
+    from transformers import GPT2TokenizerFast
+
+    vocab, merges = vocab_and_merges()
+    return GPT2TokenizerFast(vocab=dict(vocab), merges=list(merges), model_max_length=model_max_length)
+
+
+# -- the model
+
+
+def hf_name(name: str) -> str:
+    """The name of a normlab parameter in GPT2LMHeadModel."""
+    return name if name.startswith("lm_head.") else "transformer." + name.replace("blocks.", "h.", 1)
+
+
+def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The normlab GPT's weights under GPT-2's names: Linear weights transposed to Conv1D's [in, out]; a bias-free
+    LayerNorm's missing bias as zeros (torch's LayerNorm always has one)."""
+    weights = {hf_name(name): tensor.t().contiguous() if name.endswith(CONV1D_WEIGHTS) else tensor
+               for name, tensor in model.state_dict().items()}
+    for name, module in model.named_modules():
+        if isinstance(module, norms.LayerNorm) and module.bias is None:
+            weights[hf_name(f"{name}.bias")] = torch.zeros_like(module.weight)
+    return weights
+
+
+def hf_model(model: torch.nn.Module, metadata: dict):
+    """The Hugging Face model that computes what the normlab GPT `model` computes; `metadata` goes into its config
+    as `normlab`."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from normlab.interop.hf_rmsnorm_gpt2 import NormlabRMSGPT2Config, NormlabRMSGPT2LMHeadModel
+
+    c, norm = model.config, model.ln_f
+    settings = dict(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
+                    n_head=c.n_head, activation_function="gelu_new", resid_pdrop=c.dropout, embd_pdrop=c.dropout,
+                    attn_pdrop=c.dropout, layer_norm_epsilon=norm.eps, bos_token_id=gpt2.EOT, eos_token_id=gpt2.EOT,
+                    tie_word_embeddings=c.tie_embeddings, normlab=metadata)
+    if isinstance(norm, norms.LayerNorm):
+        config, model_class = GPT2Config(**settings), GPT2LMHeadModel
+    elif isinstance(norm, norms.RMSNorm):
+        config = NormlabRMSGPT2Config(norm_bias=norm.bias is not None, **settings)
+        model_class = NormlabRMSGPT2LMHeadModel
+    else:
+        raise ExportError(f"cannot export a model whose norm is {type(norm).__name__}: normlab-export knows "
+                          "normlab's LayerNorm and RMSNorm")
+    return model_class.from_pretrained(None, config=config, state_dict=hf_state_dict(model))
+
+
+def metadata(checkpoint: Path) -> dict:
+    """What config.json says of the exported model: its run, model, norm, seed and step."""
+    from normlab.study.angles import load_checkpoint
+
+    ckpt = load_checkpoint(checkpoint)
+    config = OmegaConf.to_container(OmegaConf.create(ckpt["hyper_parameters"]["config"]))
+    return {"run": config["run_name"], "model": config["model"]["name"], "norm": config["norm"]["name"],
+            "seed": config["seed"], "step": ckpt["global_step"], "checkpoint": checkpoint.name}
+
+
+def hugging_face(
+    checkpoint: Path, dtype: str = "float32"
+) -> "tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]":
+    """The model of a normlab checkpoint as a transformers model (eval mode, in `dtype`) and GPT-2's tokenizer, in
+    memory (nothing is written)."""
+    from normlab.study.angles import load_normlab
+
+    checkpoint = Path(checkpoint)
+    model = load_normlab(checkpoint)
+    converted = hf_model(model, metadata(checkpoint)).to(DTYPES[dtype]).eval()
+    return converted, gpt2_tokenizer(model.config.block_size)
+
+
+# -- the command (conf/export.yaml)
+
+
+def checked_checkpoint(path: Path) -> tuple[Path, int]:
+    """`path` (a .ckpt, or a run directory: its newest intact checkpoint), verified against its digest file."""
+    from normlab.training.run_dir import RunDirError, chosen_checkpoint
+
+    if not path.exists():
+        raise ExportError(f"{path} does not exist: give a .ckpt or a run directory")
+    if path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
+        raise ExportError(f"{path} is a Hugging Face model directory already: give a .ckpt or a run directory")
+    try:
+        checkpoint, step, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
+    except RunDirError as e:
+        raise ExportError(str(e)) from None
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return checkpoint, step
+
+
+def default_out(checkpoint: Path, step: int) -> Path:
+    """<run>/hf/step-NNNNNNN for a checkpoint of a run directory, else <folder>/<checkpoint's name>-hf."""
+    checkpoint = checkpoint.absolute()
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / "hf" / f"step-{step:07d}"
+    return checkpoint.with_name(f"{checkpoint.stem}-hf")
+
+
+def checked_out(out: Path, overwrite: bool) -> None:
+    """Before any work: `out` is new, empty, or an earlier export (its marker) that overwrite=true replaces."""
+    try:
+        outputs.check_folder(out, COMMAND, owned_in_run=("hf",), overwrite=overwrite)
+    except outputs.OutputError as e:
+        raise ExportError(str(e)) from None
+
+
+def write(model, tokenizer, out: Path) -> None:
+    """Model and tokenizer files into a staging folder beside `out`, swapped in once complete (outputs.py)."""
+    try:
+        with outputs.staged_folder(out, COMMAND) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)  # tokenizer.json and tokenizer_config.json
+            tokenizer.backend_tokenizer.model.save(str(tmp))  # vocab.json and merges.txt, for GPT-2's slow tokenizer
+    except outputs.OutputError as e:
+        raise ExportError(str(e)) from None
+
+
+def main(cfg: DictConfig) -> None:
+    """normlab-export (normlab.cli.export): `model_path` (a .ckpt, or a run directory's newest intact checkpoint) as a
+    Hugging Face model directory with GPT-2's tokenizer files, in `out` (conf/export.yaml)."""
+    if OmegaConf.is_missing(cfg, "model_path") or not str(cfg.model_path).strip():
+        raise ExportError("no model given: model_path=RUN_DIR or model_path=CHECKPOINT.ckpt")
+    if cfg.dtype not in DTYPES:
+        raise ExportError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
+    if not isinstance(cfg.overwrite, bool):
+        raise ExportError(f"overwrite={cfg.overwrite}: give true or false")
+    checkpoint, step = checked_checkpoint(Path(str(cfg.model_path)))
+    out = Path(str(cfg.out)) if cfg.out is not None else default_out(checkpoint, step)
+    checked_out(out, cfg.overwrite)
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # of loading and writing the weights, which take no time here
+    model, tokenizer = hugging_face(checkpoint, cfg.dtype)
+    write(model, tokenizer, out)
+    print(f"wrote {out} ({type(model).__name__}, {cfg.dtype}, {model.config.normlab['norm']}, step {step} of "
+          f"{model.config.normlab['run']})")

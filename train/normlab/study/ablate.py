@@ -1,0 +1,302 @@
+"""normlab-ablate: a causal test of LayerNorm's mean subtraction.
+
+LayerNorm(x) = (x - mean(x) 1) / rms(x - mean(x) 1) * gamma + beta. For a LayerNorm model the probe loss is measured
+with its norms as trained and with the mean subtraction removed (x / rms(x) * gamma + beta, "uncentred"), at each norm
+site alone and at all of them at once; for an RMSNorm model the converse: the input centred before the RMSNorm
+("centred"). The difference in loss (nats/token) is paired per probe window, with a 95% percentile bootstrap interval
+over windows. Beside it stands what predicts it: the share of the squared norm of the norm's input along 1,
+(x . 1)^2 / (d |x|^2), whose null for random directions is 1/d. A norm whose inputs are orthogonal to 1 gives a delta
+of 0 whichever way it is ablated.
+"""
+
+import math
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from tqdm import tqdm
+
+from normlab.common import outputs
+from normlab.model import norms
+from normlab.study.angles import (
+    DTYPES,
+    AnalysisError,
+    NormSite,
+    check_positive,
+    default_name,
+    device_name,
+    load_normlab,
+    norm_sites,
+    normlab_probe,
+    plan_hugging_face,
+    run_identity,
+)
+
+CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
+               "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "share_along_1", "d")
+ABLATIONS = {"layernorm": "uncentred", "rmsnorm": "centred"}  # what is done to a norm of each kind
+LEVEL = 0.95  # of the bootstrap interval
+
+
+def norm_kind(site: NormSite) -> str:
+    """layernorm or rmsnorm, from the module's class: a bias says nothing (normlab has LayerNorm without one and
+    RMSNorm with one), and the uncentred LayerNorm is recomputed from eps, weight and bias, so only classes whose
+    forward is known qualify."""
+    module = site.module
+    if isinstance(module, norms.LayerNorm) or (isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1):
+        return "layernorm"
+    # Llama's LlamaRMSNorm: the ablation only centres its input, so its internals do not matter
+    if isinstance(module, (norms.RMSNorm, nn.RMSNorm)) or type(module).__name__.endswith("RMSNorm"):
+        return "rmsnorm"
+    raise AnalysisError(f"cannot ablate {site_name(site)}: {type(module).__name__} is neither a LayerNorm over "
+                        "the last dimension nor an RMSNorm")
+
+
+def site_name(site: NormSite) -> str:
+    return f"layer{site.layer:02d}.{site.role}"
+
+
+def uncentred(module: nn.Module, args, output):
+    """Forward hook: LayerNorm's output without its mean subtraction, x / sqrt(mean(x^2) + eps) * gamma + beta."""
+    x = args[0]
+    with torch.autocast(x.device.type, enabled=False):
+        x = x.float()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps)
+        if module.weight is not None:
+            y = y * module.weight.float()
+        if module.bias is not None:
+            y = y + module.bias.float()
+    return y.to(output.dtype)
+
+
+def centring(module: nn.Module, args):
+    """Forward pre-hook: the RMSNorm's input with its mean removed, x - mean(x) 1."""
+    x, *rest = args
+    with torch.autocast(x.device.type, enabled=False):
+        centred = x.float() - x.float().mean(-1, keepdim=True)
+    return (centred.to(x.dtype), *rest)
+
+
+def ablate(stack: ExitStack, site: NormSite, kind: str) -> None:
+    """Ablate `site` until `stack` closes."""
+    if kind == "layernorm":
+        stack.enter_context(site.module.register_forward_hook(uncentred))
+    else:
+        stack.enter_context(site.module.register_forward_pre_hook(centring))
+
+
+class ShareAlong1:
+    """Forward pre-hooks that add up, per site, (x . 1)^2 / (d |x|^2) over the tokens of the norm's input."""
+
+    def __init__(self, sites: list[NormSite]):
+        self.sites, self.d = sites, None
+        self.sums, self.counts = [0.0] * len(sites), [0] * len(sites)
+
+    def hooks(self, stack: ExitStack) -> None:
+        for i, site in enumerate(self.sites):
+            stack.enter_context(site.module.register_forward_pre_hook(self._hook(i)))
+
+    def _hook(self, i: int):
+        def hook(module, args):
+            x = args[0].detach().double()  # float64: x . 1 sums d values that may nearly cancel
+            self.d = x.shape[-1]
+            share = x.sum(-1) ** 2 / (self.d * x.pow(2).sum(-1)).clamp_min(1e-300)
+            self.sums[i] = self.sums[i] + share.sum()  # a tensor on the model's device: no sync per call
+            self.counts[i] += share.numel()
+
+        return hook
+
+    def shares(self) -> torch.Tensor:
+        return torch.stack([torch.as_tensor(s).cpu() for s in self.sums]) / torch.tensor(self.counts)
+
+
+def window_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """[B]: the mean next-token loss (nats) of each window, computed in float32."""
+    targets = F.pad(ids[:, 1:], (0, 1), value=-100)  # the last position has no next token: ignored (no logits copy)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none", ignore_index=-100)
+    return loss.view_as(targets)[:, :-1].double().mean(1)
+
+
+@torch.no_grad()
+def measure(forward: Callable, sites: list[NormSite], batches, progress=None) -> tuple[torch.Tensor, ShareAlong1]:
+    """Per window, the loss as trained and with each ablation in turn (each site alone, then all at once):
+    [1 + len(sites) + 1, windows] float64; and the share along 1 at each site, as trained."""
+    kinds = [norm_kind(s) for s in sites]
+    ablations = [[i] for i in range(len(sites))] + [list(range(len(sites)))]
+    share = ShareAlong1(sites)
+    losses = [[] for _ in range(1 + len(ablations))]
+    for ids in batches:
+        with ExitStack() as stack:
+            share.hooks(stack)
+            losses[0].append(window_losses(forward(ids), ids).cpu())
+        for row, ablation in zip(losses[1:], ablations):
+            with ExitStack() as stack:
+                for i in ablation:
+                    ablate(stack, sites[i], kinds[i])
+                row.append(window_losses(forward(ids), ids).cpu())
+        if progress is not None:
+            progress.update()
+    return torch.stack([torch.cat(row) for row in losses]), share
+
+
+def bootstrap_interval(deltas: torch.Tensor, resamples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 95% percentile bootstrap interval of the mean of each row of `deltas` [rows, windows]: the same
+    `resamples` resamples of the windows (with replacement, seeded) for every row, as counts per window."""
+    windows = deltas.shape[1]
+    picks = torch.randint(windows, (resamples, windows), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(resamples, windows, dtype=torch.float64).scatter_add_(
+        1, picks, torch.ones(resamples, windows, dtype=torch.float64)
+    )
+    means = counts @ deltas.double().T / windows  # [resamples, rows]
+    low, high = torch.quantile(means, torch.tensor([(1 - LEVEL) / 2, (1 + LEVEL) / 2], dtype=torch.float64), dim=0)
+    return low, high
+
+
+def forward_of(model: nn.Module, layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if layout == "normlab":
+        return model
+    return lambda ids: model(input_ids=ids).logits
+
+
+def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_size: int = 8, resamples: int = 1000,
+                  seed: int = 0, device: str = "cpu", desc: str | None = None) -> list[dict]:
+    """The CSV rows of `model` (an architecture of angles.LAYOUTS) on `windows` [n, seq_len], without the columns
+    that name the model (run, model, norm, seed, step, source)."""
+    sites = norm_sites(model, layout)
+    kinds = {norm_kind(s) for s in sites}
+    if len(kinds) > 1:
+        raise AnalysisError(f"the norms of this model are of two kinds ({', '.join(sorted(kinds))}): ablate a model "
+                            "with LayerNorms only or RMSNorms only")
+    (kind,) = kinds
+    model = model.to(device).eval()
+    batches = [b.to(device) for b in windows.split(batch_size)]
+    with tqdm(total=len(batches), desc=desc, unit="batch") as progress:
+        losses, share = measure(forward_of(model, layout), sites, batches, progress)
+    deltas = losses[1:] - losses[0]
+    low, high = bootstrap_interval(deltas, resamples, seed)
+    n, seq_len = windows.shape
+    names = [(site_name(s), s.layer, s.role) for s in sites] + [("all", "", "")]
+    shares = share.shares()
+    shares = torch.cat([shares, shares.mean()[None]])  # "all": the mean over sites
+    return [
+        {"site": name, "layer": layer, "role": role, "ablation": ABLATIONS[kind], "windows": n,
+         "tokens": n * (seq_len - 1), "loss": losses[0].mean().item(), "ablated_loss": losses[1 + i].mean().item(),
+         "delta": deltas[i].mean().item(), "ci_low": low[i].item(), "ci_high": high[i].item(),
+         "share_along_1": shares[i].item(), "d": share.d}
+        for i, (name, layer, role) in enumerate(names)
+    ]
+
+
+# -- the command (conf/ablate.yaml)
+
+
+@dataclass
+class Subject:
+    """A model_path, checked and ready to measure, with the columns that name it in the CSV."""
+
+    layout: str  # a key of angles.LAYOUTS
+    load: Callable[[], nn.Module]
+    windows: torch.Tensor  # the probe: [windows, seq_len] token ids
+    names: dict  # run, model, norm, seed, step, source
+    out: Path  # where the CSV goes unless out= says otherwise
+    warnings: list[str] = field(default_factory=list)
+
+
+def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
+    from normlab.training.run_dir import RunDirError, chosen_checkpoint
+
+    try:
+        checkpoint, step, warnings = chosen_checkpoint(
+            path, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
+    except RunDirError as e:
+        raise AnalysisError(str(e)) from None
+    out = path / "ablation.csv" if path.is_dir() else Path(cfg.paths.output_dir) / "ablation" / default_name(path)
+    config, windows = normlab_probe(checkpoint, path, cfg)
+    checkpoint = checkpoint.resolve()
+    run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else config["run_name"]
+    names = {**run_identity(config, str(checkpoint)), "run": run, "step": step}  # run: the directory's name
+    return Subject("normlab", partial(load_normlab, checkpoint, cfg.dtype), windows, names, out, warnings)
+
+
+def plan(path: Path, cfg: DictConfig) -> Subject:
+    if not path.exists():
+        raise AnalysisError(f"{path} does not exist: give a .ckpt, a run directory or a Hugging Face model directory")
+    if not (path / "config.json").is_file():
+        return plan_normlab(path, cfg)
+    analysis = plan_hugging_face(path, cfg)
+    ((step, load, identity),) = analysis.checkpoints
+    out = Path(cfg.paths.output_dir) / "ablation" / default_name(path)
+    return Subject(analysis.layout, load, analysis.windows, {**identity, "step": step}, out)
+
+
+def check_out(out: Path) -> None:
+    """Before anything is measured: `out` is a new file or an earlier ablation CSV (its header), and no file of a run
+    directory but its ablation.csv (outputs.py)."""
+    try:
+        outputs.check_file(out, "normlab-ablate", lambda line: line == ",".join(CSV_COLUMNS),
+                           owned_in_run=("ablation.csv",), example="ablation.csv")
+    except outputs.OutputError as e:
+        raise AnalysisError(str(e)) from None
+
+
+def interval(row: dict) -> str:
+    return f"{row['delta']:+.3g} [{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
+
+
+def summary(rows: list[dict]) -> str:
+    """One line: the delta of ablating every norm at once, and the single site with the largest |delta|."""
+    every = next(r for r in rows if r["site"] == "all")
+    top = max((r for r in rows if r["site"] != "all"), key=lambda r: abs(r["delta"]))
+    what = "mean subtraction removed" if every["ablation"] == "uncentred" else "inputs centred"
+    return (f"{every['run']} step {every['step']} ({every['norm']}), {what}: delta at all norms {interval(every)} "
+            f"nats/token; largest alone {top['site']} {interval(top)} (share along 1 {top['share_along_1']:.2g}, "
+            f"null 1/d {1 / top['d']:.2g})")
+
+
+def main(cfg: DictConfig) -> None:
+    """normlab-ablate (normlab.cli.ablate): the loss of `model_path` with the centring of its norms ablated, per site
+    and at all at once, against the loss as trained, into `out` (conf/ablate.yaml)."""
+    if OmegaConf.is_missing(cfg, "model_path") or not str(cfg.model_path).strip():
+        raise AnalysisError("no model given: model_path=RUN_DIR, model_path=CHECKPOINT.ckpt or "
+                            "model_path=HF_MODEL_DIR")
+    path = Path(str(cfg.model_path))
+    check_positive("seq_len", cfg.seq_len, "the model's context")
+    if cfg.seq_len == 1:
+        raise AnalysisError("seq_len=1 leaves no next token to predict: give at least 2")
+    check_positive("probe.tokens", cfg.probe.tokens, "the whole split")
+    check_positive("probe.batch_size", cfg.probe.batch_size)
+    check_positive("bootstrap", cfg.bootstrap)
+    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
+        raise AnalysisError(f"seed={cfg.seed}: give a whole number >= 0 (it seeds the bootstrap)")
+    if cfg.dtype not in DTYPES:
+        raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
+    device = device_name(cfg.device)
+    if cfg.out is not None:
+        check_out(Path(str(cfg.out)))
+    subject = plan(path, cfg)  # checked before any model runs
+    if len(subject.windows) == 0:
+        raise AnalysisError(f"the probe holds no window of {cfg.seq_len} tokens for {path}: give a smaller seq_len")
+    out = Path(str(cfg.out)) if cfg.out is not None else subject.out
+    check_out(out)
+    for warning in subject.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    from normlab.training.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as normlab-train does: each forward allocates the same large logits again
+    model = subject.load()
+    names = subject.names
+    rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,
+                         device, desc=f"{names['run']} step {names['step']}")
+    rows = [{**names, **row} for row in rows]
+    if not all(math.isfinite(r["delta"]) for r in rows):
+        print("warning: some ablated losses are not finite (inf or nan in the CSV)", file=sys.stderr, flush=True)
+    outputs.write_csv(out, CSV_COLUMNS, rows)
+    print(summary(rows))
+    print(f"wrote {out} ({len(rows)} rows, {rows[0]['windows']} windows, {rows[0]['tokens']:,} scored tokens)")

@@ -1,0 +1,178 @@
+"""What every entry point builds from a composed config: the model, the LightningModule, the data module, the
+callbacks and the Trainer, and `train(cfg)`, which trains a run with them (normlab-train is a thin Hydra main over
+it; normlab-angles, the report, the benchmark and the tests build with the same functions). The data path:
+conf -> train(cfg) -> data module, model, callbacks, loggers -> Lightning Trainer. Torch and Lightning are imported
+where they are used, so that a bad command line is answered in a second."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.common.errors import ConfigError, Interrupted, NormlabError, process_rank, received
+
+
+def build(config: DictConfig):
+    """hydra.utils.instantiate, letting normlab's own errors through unwrapped (Hydra wraps what a constructor
+    raises in an InstantiationException)."""
+    try:
+        return instantiate(config)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, NormlabError):
+            raise e.__cause__ from None
+        raise ConfigError(f"cannot build {config.get('_target_')}: {str(e.__cause__ or e).splitlines()[0]}") from None
+
+
+def build_model(cfg: DictConfig):
+    """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised)."""
+    from normlab.model.gpt import GPT, GPTConfig
+
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    model = GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k in fields}), norm=instantiate(cfg.norm.layer))
+    model.activation_checkpointing = cfg.get("activation_checkpointing", False)
+    return model
+
+
+def gradient_accumulation(cfg: DictConfig) -> int:
+    """Micro-batches per optimizer step, so that every step sees global_batch_size sequences whatever the
+    number of devices and nodes (None: one micro-batch per device and step)."""
+    devices, nodes, micro = cfg.trainer.devices, cfg.trainer.num_nodes, cfg.data.batch_size
+    if cfg.get("global_batch_size") is None:
+        return 1
+    if not isinstance(devices, int) or devices < 1:
+        raise ConfigError(f"trainer.devices={devices}: give a number of devices when global_batch_size is set")
+    accumulate, remainder = divmod(cfg.global_batch_size, micro * devices * nodes)
+    if remainder or accumulate < 1:
+        raise ConfigError(
+            f"global_batch_size={cfg.global_batch_size} is not a multiple of data.batch_size={micro} x "
+            f"trainer.devices={devices} x trainer.num_nodes={nodes}: choose values whose product divides it"
+        )
+    return accumulate
+
+
+def build_module(cfg: DictConfig):
+    from normlab.training.module import LanguageModel
+
+    model = build_model(cfg)
+    model.init_weights(cfg.seed)
+    if cfg.runtime.compile:
+        for block in model.blocks:
+            block.compile()  # in place: parameter names, hence checkpoints, stay those of the eager model
+    max_steps = cfg.trainer.max_steps
+    return LanguageModel(
+        model,
+        optimizer=instantiate(cfg.optimizer),
+        warmup_steps=max(1, round(cfg.schedule.warmup_fraction * max_steps)),
+        max_steps=max_steps,
+        min_lr_ratio=cfg.schedule.min_lr_ratio,
+        seed=cfg.seed,  # the run's config (but the loggers', which name the run) rides in every checkpoint
+        config=OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "logger"]), resolve=True),
+    )
+
+
+def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
+    from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+    from normlab.training.callbacks.progress import TrainingBar
+    from normlab.training.run_dir import RunDirectory
+
+    loggers = [instantiate(c) for c in cfg.logger.values()]
+    run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
+    # One preemption mechanism per launch path: under sbatch, the Preemption callback (SIGUSR1); under Hydra's
+    # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
+    plugins = [
+        *([run.io] if run else []),
+        *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
+    ]
+    # The bar on a terminal; in a job's log, TokenThroughput's progress lines instead
+    if bar := cfg.trainer.get("enable_progress_bar", sys.stdout.isatty()):
+        callbacks = [*callbacks, TrainingBar()]
+    precision = cfg.trainer.precision
+    if precision == "bf16-mixed":  # Lightning's own would refuse to clip the gradients of the fused AdamW
+        import torch
+
+        from normlab.training.strategies import BF16Mixed
+
+        on_gpu = str(cfg.trainer.accelerator) != "cpu" and torch.cuda.is_available()
+        plugins.append(BF16Mixed("cuda" if on_gpu else "cpu"))
+        precision = None
+    return instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers,
+        accumulate_grad_batches=accumulate,
+        plugins=plugins,
+        precision=precision,
+        enable_progress_bar=bar,
+        val_check_interval=cfg.trainer.val_check_interval * accumulate,
+    )  # Lightning counts micro-batches
+
+
+def summary(cfg: DictConfig, module, accumulate: int) -> str:
+    """One line on what is trained: instead of Lightning's model table."""
+    model, devices = module.model, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
+    config = model.config
+    return (f"{cfg.run_name}: {model.num_params():,} parameters ({config.n_layer} layers, d={config.n_embd}, "
+            f"{cfg.norm.name}), {model.flops_per_token() / 1e6:,.0f} MFLOPs/token; {cfg.trainer.max_steps:,} steps of "
+            f"{cfg.data.batch_size} x {devices} x {cfg.trainer.num_nodes} x {accumulate} sequences "
+            f"(micro-batch x devices x nodes x accumulation); {cfg.trainer.precision}; run directory {cfg.run_dir}")
+
+
+def train(cfg: DictConfig, extra_callbacks=()):
+    """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule."""
+    from normlab.training.checks import check_train_config
+
+    run_dir = Path(cfg.run_dir)
+    try:
+        if received:  # a stop signal before this run (of a sweep) started
+            raise Interrupted("stopped by a signal before this run started", received[0])
+        check_train_config(cfg)
+        import lightning as L
+
+        from normlab.training import runtime
+        from normlab.training.console import quiet_libraries
+
+        quiet_libraries()
+        from normlab.training.run_dir import RunDirectory
+
+        attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        accumulate = gradient_accumulation(cfg)
+        module = build_module(cfg)
+        datamodule = build(cfg.data)
+        datamodule.verify()
+        devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
+        datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
+        callbacks = [build(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
+        run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
+        if run is None:
+            raise ConfigError(
+                "callbacks.scheduled_checkpoints (the run directory: checkpoints, resume) cannot be removed"
+            )
+    except NormlabError:
+        if run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
+        raise
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    with run.opened(cfg, overrides):
+        if run.resume_step >= cfg.trainer.max_steps:
+            print(f"{run_dir} is finished (step {run.resume_step} of {cfg.trainer.max_steps}): nothing to do")
+            return module
+        trainer = build_trainer(cfg, [*callbacks, *extra_callbacks], accumulate)
+        if not process_rank():
+            print(summary(cfg, module, accumulate), flush=True)
+        failed = True
+        try:
+            with attention:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=run.resume_path)
+            failed = False
+        finally:
+            if "wandb" in cfg.logger:
+                import wandb
+
+                wandb.finish(exit_code=int(failed))  # one wandb run per Hydra job, also in -m sweeps
+    return module
