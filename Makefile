@@ -5,7 +5,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 # glibc allocator settings that cut system time on CPU training, for the test processes too (normlab-train and
-# normlab-bench set the same themselves: runtime.keep_freed_memory; see README, Performance).
+# normlab-bench set the same themselves: runtime.keep_freed_memory; see docs/configuration.md).
 export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
 export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
 

@@ -1,5 +1,5 @@
 # The environment of a normlab job on a compute node; sourced by every sbatch script of this folder.
-# Compute nodes are often offline: everything is prepared on the login node (README, "on a cluster").
+# Compute nodes are often offline: everything is prepared on the login node (docs/data.md, "on a cluster").
 cd "${SLURM_SUBMIT_DIR:-.}"                        # the checkout the job was submitted from
 if [ -n "${NORMLAB_SITE_ENV:-}" ]; then            # the site's own set-up (modules, conda): slurm/site.example.sh
     if [ ! -f "$NORMLAB_SITE_ENV" ] || [ ! -r "$NORMLAB_SITE_ENV" ]; then

@@ -1,4 +1,4 @@
-"""The README's table of bad input, row by row, through the real `normlab-train`: one line on stderr that says
+"""docs/errors.md's table of bad input, row by row, through the real `normlab-train`: one line on stderr that says
 what to fix, exit code 2, and nothing on disk created, changed or removed."""
 
 import json

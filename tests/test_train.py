@@ -85,7 +85,7 @@ def test_run_directory_holds_resolved_config_metrics_and_scheduled_checkpoints(s
 
 def test_scheduled_checkpoints_hold_weights_and_last_the_full_state(sweep):
     """Scheduled checkpoints are 4 bytes per parameter (float32 weights), last.ckpt 12 (weights and AdamW's two
-    moments): the sizes the README's table gives for the paper runs."""
+    moments): the sizes docs/run-directory.md's table gives for the paper runs."""
     run = run_of(sweep, "layernorm")
     params = 6_541_184  # the tiny model with 2 layers, LayerNorm
     weights = torch.load(run / "checkpoints" / "step-0000004.ckpt", weights_only=False)
