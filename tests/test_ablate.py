@@ -12,9 +12,10 @@ from omegaconf import OmegaConf
 from conftest import compose_config, run_cli
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.probe.sites import NormSite, norm_sites
+from normlab.probe.table import AnalysisError
 from normlab.study.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind
-from normlab.study.angles import AnalysisError, NormSite, norm_sites
-from normlab.training.run_dir import write_checkpoint
+from normlab.training.checkpoint_files import write_checkpoint
 from test_angles import orthogonal_to_1
 
 VOCAB = 200

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from conftest import BIN
-from normlab.training.run_dir import RunDirError, verify
+from normlab.training.checkpoint_files import verify
+from normlab.training.run_files import RunDirError
 
 VAL_EVERY = 3
 RUN = [

@@ -1,5 +1,6 @@
-"""The run directory's claim: one process per run directory, a stale claim taken over, never a live one; and the
-CSV tables' torn rows. Real files, real processes, the real one-node Slurm cluster (`make test` starts it)."""
+"""The run directory's claim: one process per run directory, a stale claim taken over, never a live one; the
+CSV tables' torn rows; a run written before normlab had subpackages resumed. Real files, real processes, the real
+one-node Slurm cluster (`make test` starts it)."""
 
 import fcntl
 import json
@@ -8,9 +9,15 @@ import socket
 import subprocess
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, state, wait
-from normlab.training.run_dir import Claim, RunDirError, process_start, read_table, this_process
+from normlab.common.paths import MOVED_TARGETS
+from normlab.training.checkpoint_files import write_checkpoint
+from normlab.training.claim import Claim, process_start, this_process
+from normlab.training.run_files import RunDirError
+from normlab.training.run_tables import read_table
 
 
 def claim_of(run, **holder) -> Claim:
@@ -175,3 +182,44 @@ def test_a_lost_validation_row_before_the_resume_step_is_named(prepared, tmp_pat
     rows = read_table(metrics)[1]
     assert [r["step"] for r in rows if r["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
     assert [r["step"] for r in rows if r["val/loss"]] == ["1", "5"]  # 3's is lost; 5's logged again
+
+
+def named_before_the_move(config):
+    """A config (nested dicts and lists) with each moved class's `_target_` named by its place before normlab had
+    subpackages (the MOVED_TARGETS keys)."""
+    if isinstance(config, dict):
+        return {k: earlier_target(v) if k == "_target_" else named_before_the_move(v) for k, v in config.items()}
+    if isinstance(config, list):
+        return [named_before_the_move(v) for v in config]
+    return config
+
+
+def earlier_target(target):
+    for old, new in MOVED_TARGETS.items():
+        if isinstance(target, str) and target.startswith(new):
+            return old + target.removeprefix(new)
+    return target
+
+
+def test_a_run_written_before_the_subpackages_resumes(prepared, tmp_path):
+    """A real run whose config.yaml and checkpoints name its classes by their places before the move
+    (`normlab.run_dir.RunDirectory`, `normlab.norms.LayerNorm`...), its last.ckpt lost: the same command resumes it
+    from previous.ckpt at step 4 instead of refusing a run directory of another config."""
+    run = tmp_path / "run"
+    assert (result := run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)).returncode == 0, result.stderr[-3000:]
+    for name in ("last.ckpt", "last.ckpt.json"):
+        (run / "checkpoints" / name).unlink()
+    config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
+    OmegaConf.save(OmegaConf.create(named_before_the_move(config)), run / "config.yaml")
+    for path in (run / "checkpoints").glob("*.ckpt"):  # each with its digest file written anew
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint["hyper_parameters"]["config"] = named_before_the_move(checkpoint["hyper_parameters"]["config"])
+        write_checkpoint(checkpoint, path)
+    saved = (run / "config.yaml").read_text()
+    assert "_target_: normlab.run_dir.RunDirectory" in saved and "_target_: normlab.norms." in saved
+
+    result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming {run} from checkpoints/previous.ckpt at step 4" in result.stderr
+    assert [r["step"] for r in read_table(run / "metrics.csv")[1] if r["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
+    assert "_target_: normlab.training.run_dir.RunDirectory" in (run / "config.yaml").read_text()

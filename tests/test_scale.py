@@ -12,9 +12,9 @@ from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab.data.datamodule import ShuffledWindows
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm
-from normlab.study.angles import read_csv
+from normlab.probe.table import read_csv
+from normlab.training.checkpoint_files import checkpoint_steps
 from normlab.training.pipeline import build_model, gradient_accumulation
-from normlab.training.run_dir import checkpoint_steps
 
 PAPER = {  # experiment: (model, steps, GPUs, peak lr, parameters with LayerNorm)
     "paper_70m": ("70m", 100_000, 4, 1e-3, 70_902_784),

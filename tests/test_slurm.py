@@ -14,7 +14,7 @@ import pytest
 
 from conftest import cluster_ready, needs_slurm, state, wait
 from normlab.common.paths import PROJECT_ROOT
-from normlab.training.run_dir import verify
+from normlab.training.checkpoint_files import verify
 
 RUN = [
     "model.n_layer=2",

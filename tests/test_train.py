@@ -14,10 +14,10 @@ from conftest import FAST_TRAIN, compose_config, run_cli
 from normlab.common.errors import NonFiniteError
 from normlab.data.datamodule import load_probe
 from normlab.data.tokenizer import EOT
-from normlab.study.angles import read_csv
+from normlab.probe.table import read_csv
+from normlab.training.checkpoint_files import verify
 from normlab.training.module import lr_factor
 from normlab.training.pipeline import build, build_module, build_trainer
-from normlab.training.run_dir import verify
 
 NORMS = ("layernorm", "rmsnorm")
 

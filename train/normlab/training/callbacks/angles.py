@@ -11,8 +11,13 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from normlab.common.errors import ConfigError
 from normlab.data.datamodule import load_probe
 from normlab.data.tokenizer import EOT
-from normlab.study.angles import CSV_COLUMNS, measure, norm_sites, run_identity, stat_rows
-from normlab.training.run_dir import RunDirectory, RunDirError, checkpoint_steps, verify, warn
+from normlab.probe.hooks import measure
+from normlab.probe.sites import norm_sites, stat_rows
+from normlab.probe.table import CSV_COLUMNS, run_identity
+from normlab.training.checkpoint_files import checkpoint_steps, verify
+from normlab.training.loader import read_checkpoint
+from normlab.training.run_dir import RunDirectory
+from normlab.training.run_files import RunDirError, warn
 
 
 class AngleCallback(L.Callback):
@@ -62,7 +67,7 @@ class AngleCallback(L.Callback):
         missing = None
         if trainer.is_global_zero:
             rows_per_step = len(stat_rows(norm_sites(pl_module.model, "normlab")))
-            have = self.run.angle_rows_per_step()
+            have = self.run.tables.angle_rows_per_step()
             missing = [s for s in sorted(self.steps) if s <= trainer.global_step and have.get(s) != rows_per_step]
         for step in trainer.strategy.broadcast(missing):
             if step == trainer.global_step:
@@ -76,7 +81,7 @@ class AngleCallback(L.Callback):
 
     def _probe_checkpoint(self, trainer, pl_module, step: int) -> None:
         """Probe the weights of the scheduled checkpoint of `step` (verified), then put the model's own back."""
-        path, problem = self.run.scheduled_path(step), None
+        path, problem = self.run.schedule.path(step), None
         if trainer.is_global_zero:
             try:
                 verify(path)
@@ -88,7 +93,7 @@ class AngleCallback(L.Callback):
                 warn(f"angles.csv lacks step {step}, which cannot be measured again: {problem}")
             return
         own = {k: v.detach().to("cpu", copy=True) for k, v in pl_module.state_dict().items()}
-        pl_module.load_state_dict(torch.load(path, map_location="cpu", weights_only=False)["state_dict"])
+        pl_module.load_state_dict(read_checkpoint(path)["state_dict"])
         self._probe(trainer, pl_module, step, log=False)
         pl_module.load_state_dict(own)
         if trainer.is_global_zero:
@@ -113,7 +118,7 @@ class AngleCallback(L.Callback):
         model.train(was_training)
         if trainer.is_global_zero:
             records = stats.records(step, run_identity(pl_module.hparams.config, "training"))
-            self.run.write_angles(records, list(CSV_COLUMNS))
+            self.run.tables.write_angles(records, list(CSV_COLUMNS))
             if log:
                 self._log_wandb(trainer, records)
                 self._log_tensorboard(trainer, records)
@@ -173,9 +178,9 @@ def wandb_scalars(records: list[dict]) -> dict[str, float]:
 
 
 def layer_figure(records: list[dict], out: Path) -> str:
-    """The report's per-layer figure (normlab.study.report) of one probe's rows: the file name written in `out`."""
-    from normlab.study.report import Series, plot_angles_by_layer
+    """The report's per-layer figure (normlab.probe.figure) of one probe's rows: the file name written in `out`."""
+    from normlab.probe.figure import AngleSeries, plot_angles_by_layer
 
     rows = [{k: None if v == "" else v for k, v in r.items()} for r in records]  # no null measured: None
     run, norm = rows[0]["run"], rows[0]["norm"]
-    return plot_angles_by_layer(run, [Series(norm, [rows], [], [f"seed {rows[0]['seed']}"])], out, "angles")
+    return plot_angles_by_layer(run, [AngleSeries(norm, [rows])], out, "angles")

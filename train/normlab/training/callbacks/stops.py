@@ -49,7 +49,7 @@ class Preemption(L.Callback):
         # Saved here, between steps, where Lightning resumes a mid-epoch checkpoint from; a step followed by a
         # validation is saved after it instead (training/run_dir.py), with the checkpoints of its schedule.
         run = RunDirectory.of(trainer)
-        if (batch_idx + 1) % trainer.accumulate_grad_batches or run.validates_after(trainer.global_step):
+        if (batch_idx + 1) % trainer.accumulate_grad_batches or run.schedule.validates_after(trainer.global_step):
             return
         if signum := self.signal_received(trainer):
             run.save_last(trainer)
@@ -63,7 +63,7 @@ class Preemption(L.Callback):
             self.stopping = self.signal_received(trainer)
         if not self.stopping:
             return
-        run.sync_tables()  # the rows of the step saved were logged after the save: on disk before stopping
+        run.tables.sync()  # the rows of the step saved were logged after the save: on disk before stopping
         what = f"{signal.Signals(self.stopping).name}: saved {run.last_saved} at step {trainer.global_step}"
         if self.stopping == SUBMITIT_SIGNAL:
             raise Interrupted(f"{what}; submitit requeues the job, which resumes from it", self.stopping)

@@ -1,0 +1,64 @@
+"""Whether a run directory's saved config.yaml describes the run about to resume in it: the settings that shape what
+a run computes or records must match (common.paths.identifies_the_run), and so must the sequences per optimizer step;
+what names, places, logs or speeds up a run, and where it runs, may change. A config saved before a class moved
+names it by its earlier place (common.paths.current_targets)."""
+
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.common.paths import current_targets, identifies_the_run
+from normlab.training.run_files import RunDirError
+
+CONFIG_FILE = "config.yaml"
+
+
+def flat(config, prefix: str = "") -> dict:
+    """A nested config as one dict of dotted keys."""
+    items = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            items.update(flat(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
+
+
+def check_saved_config(run: Path, cfg: DictConfig) -> None:
+    """Refuse the run directory `run`, which holds checkpoints, when its config.yaml is missing, damaged, or another
+    config than `cfg` (what only names, places, logs or speeds up a run may differ: paths.NOT_IDENTITY)."""
+    saved = run / CONFIG_FILE
+    if not saved.is_file():
+        raise RunDirError(
+            f"{run} holds checkpoints but no config.yaml to check them against: give another "
+            "run_dir, or restart=true to move that run aside and start over"
+        )
+    try:
+        old = flat(current_targets(OmegaConf.to_container(OmegaConf.load(saved), resolve=True)))
+    except Exception as e:  # yaml and OmegaConf errors alike
+        raise RunDirError(
+            f"{saved} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}): restore it, or "
+            "restart=true to move that run aside and start over"
+        ) from None
+    new = flat(OmegaConf.to_container(cfg, resolve=True))
+    for config in (old, new):  # where it runs may change, not how many sequences an optimizer step sees
+        devices = [
+            config.get(k) if isinstance(config.get(k), int) else 1 for k in ("trainer.devices", "trainer.num_nodes")
+        ]
+        per_step = config.get("data.batch_size", 0) * devices[0] * devices[1]
+        config["sequences per optimizer step"] = config.get("global_batch_size") or per_step
+    # a run directory that was moved keeps its identity: paths inside it follow it
+    old = {k: v.replace(old.get("run_dir", "\0"), new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
+    changed = [
+        k
+        for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))
+        if identifies_the_run(k) and old.get(k) != new.get(k)
+    ]  # callbacks last: mostly copies
+    if changed:
+        shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (
+            " ..." if len(changed) > 3 else ""
+        )
+        raise RunDirError(
+            f"{run} holds checkpoints of another config ({shown}): give another run_dir, "
+            "or restart=true to move that run aside and start over"
+        )

@@ -1,0 +1,51 @@
+"""What the parts of a run directory share: the error saying that a run directory cannot be used as asked, the
+warning line, and durable writes (atomic replacement, fsync) whose failure names the file and what to do."""
+
+import errno
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from normlab.common.errors import NormlabError
+from normlab.common.outputs import replace_file
+
+
+class RunDirError(NormlabError):
+    """The run directory cannot be used as asked (in use, damaged beyond resuming, disk full...)."""
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def fsync_file(path: Path) -> None:
+    if path.is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """`path` holds either its old content or `data`, whatever happens (outputs.replace_file)."""
+    try:
+        replace_file(path, data)
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def remove_partial_writes(folder: Path) -> None:
+    """Remove the temporary files (`.<name>.tmp`) that writes cut short left in `folder`, each with a warning."""
+    for partial in folder.glob(".*.tmp"):
+        warn(f"removing {partial}, left by a save that was cut short")
+        partial.unlink(missing_ok=True)
+
+
+def write_error(path: Path, e: OSError) -> RunDirError:
+    if e.errno == errno.ENOSPC:
+        free = shutil.disk_usage(path.parent).free
+        return RunDirError(f"no space left on device while writing {path} ({free / 2**20:,.0f} MB free there): free "
+                           "space on that file system, or give another run_dir; the earlier files are intact")
+    return RunDirError(f"cannot write {path} ({e.strerror}): check the permissions and the file system of run_dir")
