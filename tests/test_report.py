@@ -11,8 +11,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_config
-from normlab.study.angles import REFERENCES
-from normlab.study.report import Interval, find_runs, group_runs, main, norm_variant, t_quantile_975
+from normlab.probe.table import REFERENCES
+from normlab.study.report import main
+from normlab.study.report.groups import group_runs
+from normlab.study.report.intervals import Interval, t_quantile_975
+from normlab.study.report.runs import find_runs, norm_variant
 
 N_LAYER, D, COUNT = 2, 64, 10_000
 OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg",
@@ -187,6 +190,28 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons(tmp_path):
     assert [(c.label, len(c.pairs)) for c in group.comparisons] == [
         ("rmsnorm_bias − layernorm (with bias)", 2), ("rmsnorm − layernorm_nobias (without bias)", 2)]
     assert [c.interval.mean for c in group.comparisons] == [pytest.approx(0.03 - 0.00), pytest.approx(0.01 - 0.02)]
+
+
+def test_runs_written_before_the_subpackages_group_and_pair_with_runs_written_now(tmp_path):
+    old_targets = {  # config.yaml of a run written before normlab had subpackages names its classes so
+        "norm.layer._target_": "normlab.norms.LayerNorm",
+        "data._target_": "normlab.data.TokenDataModule",
+        "callbacks.scheduled_checkpoints._target_": "normlab.run_dir.RunDirectory",
+        "callbacks.preemption._target_": "normlab.callbacks.stops.Preemption",
+        "callbacks.nonfinite_guard._target_": "normlab.callbacks.stops.NonFiniteGuard",
+        "callbacks.angles._target_": "normlab.callbacks.angles.AngleCallback",
+    }
+    make_run(tmp_path, "ln-seed0-old", "layernorm", 0, settings=old_targets)
+    make_run(tmp_path, "ln-seed1", "layernorm", 1)
+    for seed in (0, 1):
+        make_run(tmp_path, f"rms-seed{seed}", "rmsnorm", seed, loss=3.1)
+
+    (group,) = group_runs(find_runs([tmp_path])[0])
+
+    assert [v.name for v in group.variants()] == ["layernorm", "rmsnorm"]
+    assert [r.name for r in group.runs if r.left_out] == []
+    (comparison,) = group.comparisons
+    assert [(c.name, u.name) for c, u in comparison.pairs] == [("ln-seed0-old", "rms-seed0"), ("ln-seed1", "rms-seed1")]
 
 
 def test_configs_without_centred_and_bias_keys_are_read_by_the_norm_name(tmp_path):

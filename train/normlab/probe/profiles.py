@@ -1,0 +1,101 @@
+"""Angle profiles: the rows of one or more angles tables (one per run, or per pretrained model) reduced to one point
+per norm site, averaged over the runs, with the null each mean angle is compared with; and how sites sort and are
+named on an axis or in a table row. The report's tables and figures and training's per-layer figure read them."""
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+ROLE_ORDER = {"attn_norm": 0, "mlp_norm": 1, "final_norm": 2}
+ROLE_TICKS = {"attn_norm": "attn", "mlp_norm": "MLP"}
+
+
+def site_key(row: dict) -> tuple[int, str]:
+    """(layer, role) of an angles or ablation row: (1, "mlp_norm"); the ablation of every norm at once: (-1, "all")."""
+    if row["site"] == "all":
+        return -1, "all"
+    role = row.get("role") or row["site"].split(".")[0]
+    return row.get("layer") if row.get("layer") is not None else -1, role
+
+
+def site_sort(key: tuple[int, str]) -> tuple:
+    layer, role = key
+    return role == "all", layer, ROLE_ORDER.get(role, 3), role
+
+
+def site_tick(key: tuple[int, str]) -> str:
+    layer, role = key
+    if role == "all":
+        return "all"
+    return "final" if role == "final_norm" else f"{layer} {ROLE_TICKS.get(role, role)}"
+
+
+def last_step(rows: list[dict]) -> int | None:
+    return max((r["step"] for r in rows), default=None)
+
+
+@dataclass
+class Point:
+    """One norm site's angle to a reference, averaged over the runs (seeds) of a series."""
+    steps: set[int]
+    mean: float  # of the runs' mean angles
+    seed_sd: float | None  # across runs (None for one)
+    token_sd: float  # mean over the runs of the std over tokens
+    share: float  # mean cos^2: the share of the squared norm along the reference
+    d: int
+    random_mean: float | None  # the null of a mean angle over random directions, where angles.csv measured it
+    random_sd: float | None
+    single_sd: float  # the null of one random vector's angle: (180/pi)/sqrt(d)
+    iid_sd: float  # single_sd / sqrt(count): the null of a mean over independent tokens
+
+    @property
+    def null_sd(self) -> float:
+        return self.random_sd if self.random_sd is not None else self.iid_sd
+
+    @property
+    def deviation(self) -> float:
+        """(mean - 90) in null standard deviations of a mean angle."""
+        return (self.mean - 90) / self.null_sd if self.null_sd > 0 else math.inf
+
+
+def mean_or_none(values: list) -> float | None:
+    return None if any(v is None for v in values) else statistics.fmean(values)
+
+
+def profile(tables: list[list[dict]], io: str, reference: str, step: int | None = None) -> dict[tuple, Point]:
+    """Per norm site (input or output), the runs' angle to `reference` over all positions at `step` (default:
+    each run's last measured step), averaged over the runs that measured it."""
+    by_site: dict[tuple, list[dict]] = defaultdict(list)
+    for rows in tables:
+        at = last_step(rows) if step is None else step
+        for row in rows:
+            if (row["step"] == at and row["position"] == "all" and row["reference"] == reference
+                    and row["site"].endswith(f".{io}")):
+                by_site[site_key(row)].append(row)
+    points = {}
+    for key, rows in by_site.items():
+        means = [r["mean_deg"] for r in rows]
+        points[key] = Point(
+            steps={r["step"] for r in rows},
+            mean=statistics.fmean(means),
+            seed_sd=statistics.stdev(means) if len(means) > 1 else None,
+            token_sd=statistics.fmean(r["std_deg"] for r in rows),
+            share=statistics.fmean(r["mean_cos2"] for r in rows),
+            d=rows[0]["d"],
+            random_mean=mean_or_none([r.get("null_random_mean_deg") for r in rows]),
+            random_sd=mean_or_none([r.get("null_random_std_deg") for r in rows]),
+            single_sd=statistics.fmean(r["null_std_deg"] for r in rows),
+            iid_sd=statistics.fmean(r["null_std_deg"] / math.sqrt(r["count"]) for r in rows),
+        )
+    return dict(sorted(points.items(), key=lambda item: site_sort(item[0])))
+
+
+def runs_text(count: int) -> str:
+    return f"{count} run{'s' * (count != 1)}"
+
+
+def step_text(profiles) -> str:
+    """The steps the points of `profiles` were measured at: "0, 1,000"."""
+    steps = sorted({s for p in profiles for point in p.values() for s in point.steps})
+    return ", ".join(f"{s:,}" for s in steps)

@@ -1,0 +1,76 @@
+"""normlab-report runs=[RUN_OR_SWEEP_DIR,...] csvs=[HF_ANGLES.csv,...]: the answer of a set of runs to "does
+LayerNorm's mean subtraction do any work?", as tables (summary.md) and figures (PDF and PNG, 300 dpi).
+
+Runs are grouped by their whole resolved config less what does not shape the comparison (the seed, the norm
+variant, names, paths, loggers, devices: `comparison_settings`); within a group, a run with a centred norm
+(LayerNorm) and one without (RMSNorm) of the same bias setting and seed form a pair (same initial weights, same
+batches), and the paired differences of their final validation loss give a t-based 95% confidence interval.
+Unfinished runs and replicates are shown and flagged, never compared; `.replaced-*` folders (restart=true) are
+skipped. Angles come from each run's angles.csv at its last measured step, ablations from its ablation.csv
+(normlab-ablate). Pretrained models enter as the CSVs of normlab-angles (and normlab-ablate). docs/report.md says
+how to read every table and figure.
+
+The package: runs.py reads run directories, pretrained.py the CSVs of pretrained models, groups.py groups and pairs
+the runs, intervals.py holds the paired statistics, verdict.py and tables.py write summary.md's tables, figures.py
+draws the figures (the per-layer one with training's angle callback: normlab/probe/figure.py); here, the command.
+"""
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.common import outputs
+from normlab.probe.figure import DPI
+from normlab.probe.table import AnalysisError
+from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
+from normlab.study.report.groups import group_runs
+from normlab.study.report.pretrained import load_pretrained
+from normlab.study.report.runs import find_runs
+from normlab.study.report.tables import group_section, images, pretrained_section
+from normlab.study.report.verdict import HOW_TO_READ, VERDICT_HEADER, footnotes, pretrained_row, verdict_rows
+
+COMMAND = "normlab-report"
+
+
+def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
+    for path in paths:
+        if not path.exists():
+            raise AnalysisError(f"{path} does not exist: give run directories, or directories holding runs")
+    # new, empty, or an earlier report holding only what it wrote (its marker), which it replaces: outputs.py
+    outputs.check_folder(out, COMMAND, owned_in_run=("report",))
+    runs, replaced = find_runs(paths)
+    pretrained = load_pretrained(list(csvs))
+    if not runs and not pretrained:
+        raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}")
+    groups = group_runs(runs)
+    verdict = "\n".join([VERDICT_HEADER, *[r for g in groups for r in verdict_rows(g)],
+                         *[pretrained_row(m) for m in pretrained]]) + "\n"
+    head = f"# normlab report\n\n## Verdict\n\n{verdict}\n{footnotes(groups, pretrained)}{HOW_TO_READ}\n"
+    if replaced:
+        head += "Skipped (runs moved aside by restart=true): " + ", ".join(f"`{p}`" for p in replaced) + "\n\n"
+    parameters: dict = {}
+    sections = [group_section(g, parameters) for g in groups] + [pretrained_section(m) for m in pretrained]
+    # the tables are ready: a failure before this point writes nothing, one after it leaves the old report whole
+    with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
+        figures = [draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
+        (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, figures)))
+    count = sum(len(f) for f in figures)
+    print(verdict + f"\nwrote summary.md and {count} figures (PDF and PNG, {DPI} dpi) to {out}")
+
+
+def as_paths(value) -> list[Path]:
+    values = value if OmegaConf.is_list(value) or isinstance(value, list) else [value]
+    return [Path(str(p)) for p in values if p is not None and str(p).strip()]
+
+
+def main(cfg: DictConfig) -> None:
+    """normlab-report (conf/report.yaml, normlab.cli.report): the report of `runs` (run directories, folders of runs,
+    angles CSVs) and `csvs` (angles and ablation CSVs of pretrained models) into `out`."""
+    given = as_paths(None if OmegaConf.is_missing(cfg, "runs") else cfg.runs) + as_paths(cfg.get("csvs") or [])
+    if not given:
+        raise AnalysisError("no runs given: runs=DIR or runs=[DIR,...] (run directories, or directories holding runs), "
+                            "or csvs=[FILE.csv,...] (angles CSVs of pretrained models)")
+    csvs = [p for p in given if p.suffix == ".csv"]
+    paths = [p for p in given if p.suffix != ".csv"]
+    report(paths, Path(str(cfg.out)) if cfg.out else (paths[0] if paths else csvs[0].parent) / "report", csvs)

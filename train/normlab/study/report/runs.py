@@ -1,0 +1,199 @@
+"""Reading what the report compares: run directories (config.yaml, metrics.csv, and the angles.csv, ablation.csv and
+eval/results.csv beside them) into Runs, with each run's norm variant; `.replaced-*` folders are skipped."""
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.common.paths import current_targets
+from normlab.probe.table import AnalysisError, DamagedTable, read_rows
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A norm as the comparison sees it: centred (removes the component along 1: LayerNorm) or not, with a bias
+    or without."""
+    name: str
+    centred: bool
+    bias: bool
+
+    @property
+    def order(self) -> tuple:
+        return (not self.bias, not self.centred, self.name)  # layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm
+
+
+def norm_variant(norm: dict) -> Variant:
+    """From config.yaml's `norm`: its `centred` and `bias` keys, or (configs before them) inferred from the name:
+    layernorm centred with a bias, rmsnorm neither, a `_bias`/`_nobias` suffix setting the bias."""
+    name = str(norm["name"])
+    centred = norm.get("centred", name.startswith("layernorm"))
+    named_bias = False if name.endswith("_nobias") else True if name.endswith("_bias") else centred
+    return Variant(name, bool(centred), bool(norm.get("bias", named_bias)))
+
+
+INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions"}
+FLOAT_COLUMNS = {"mean_deg", "std_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
+                 "sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "loss", "ablated_loss",
+                 "delta", "ci_low", "ci_high", "share_along_1", "value", "stderr"}
+ANGLE_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "mean_cos2",
+                 "null_std_deg", "d")  # what the report needs of an angles CSV; any other column is optional
+ABLATION_COLUMNS = ("site", "delta")
+EVAL_COLUMNS = ("step", "task", "metric", "value")
+
+
+def table_value(column: str, value: str) -> int | float | str | None:
+    """A value of an angles or ablation CSV, read by its column's name: numbers where the report computes with
+    them (empty: None), any other column as its text."""
+    if column in INT_COLUMNS:
+        return int(float(value)) if value else None
+    if column in FLOAT_COLUMNS:
+        return float(value) if value else None
+    return value
+
+
+def metric_value(column: str, value: str) -> int | float | None:
+    """A value of metrics.csv: the step, or a metric (None where the row does not log it)."""
+    return int(value) if column == "step" else float(value) if value else None
+
+
+RUN_CONFIG_KEYS = ("model.name", "norm.name", "seed")  # what the report needs of a run's config.yaml
+
+
+def read_config(path: Path) -> dict:
+    """A run's config.yaml, its classes named by their place now (a run written before normlab had subpackages
+    names them by the old one, and must group with runs written since)."""
+    try:
+        config = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 (yaml's and OmegaConf's errors alike)
+        mark = getattr(e, "problem_mark", None)  # where yaml found the problem
+        problem = f"line {mark.line + 1}: {e.problem}" if mark else str(e).strip().splitlines()[0]
+        raise AnalysisError(
+            f"{path} is not valid YAML ({problem}): restore it, or leave this run out of the report"
+        ) from None
+    missing = [k for k in RUN_CONFIG_KEYS if not isinstance(config, DictConfig) or OmegaConf.select(config, k) is None]
+    if missing:
+        raise AnalysisError(
+            f"{path} is not a normlab run config (no {', '.join(missing)}): restore it, or leave this "
+            "run out of the report"
+        )
+    return current_targets(OmegaConf.to_container(config))
+
+
+def read_angles(path: Path, remedy: str) -> list[dict]:
+    try:
+        return read_rows(path, table_value, ANGLE_COLUMNS)
+    except DamagedTable as e:
+        raise AnalysisError(f"{e}: {remedy}") from None
+
+
+def read_evaluation(path: Path) -> list[dict]:
+    try:
+        return read_rows(path, table_value, EVAL_COLUMNS)
+    except DamagedTable as e:
+        raise AnalysisError(f"{e}: move it aside and evaluate the run again with normlab-eval") from None
+
+
+def read_ablation(path: Path) -> list[dict]:
+    try:
+        return read_rows(path, table_value, ABLATION_COLUMNS)
+    except DamagedTable as e:
+        raise AnalysisError(f"{e}: write it again with normlab-ablate") from None
+
+
+@dataclass
+class Run:
+    dir: Path
+    name: str  # the run directory, relative to the folder the report's runs share
+    config: dict
+    metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    angles: list[dict] = field(default_factory=list)
+    ablation: list[dict] = field(default_factory=list)
+    evaluation: list[dict] = field(default_factory=list)  # eval/results.csv of normlab-eval
+    left_out: str = ""  # why the run is not compared ("": it is)
+    note: str = ""  # what else the runs table says of it
+
+    @property
+    def model(self) -> str:
+        return str(self.config["model"]["name"])
+
+    @property
+    def variant(self) -> Variant:
+        return norm_variant(self.config["norm"])
+
+    @property
+    def seed(self) -> int:
+        return self.config["seed"]
+
+    @property
+    def pairing(self) -> tuple:
+        """Runs of one group with equal pairing start from the same weights and see the same batches."""
+        return self.seed, (self.config.get("data") or {}).get("seed", self.seed)
+
+    @property
+    def max_steps(self) -> int | None:
+        steps = (self.config.get("trainer") or {}).get("max_steps")
+        return steps if isinstance(steps, int) and steps > 0 else None
+
+    @property
+    def val_step(self) -> int | None:
+        """Optimizer steps done at the last validation (metrics.csv logs a validation at the index of the step
+        before it: 399 for the one after 400 steps)."""
+        return self.metrics["val/loss"][-1][0] + 1 if self.metrics.get("val/loss") else None
+
+    @property
+    def final_val_loss(self) -> float:
+        return self.metrics["val/loss"][-1][1] if self.metrics.get("val/loss") else math.nan
+
+    @property
+    def unfinished(self) -> str:
+        """Why the run has not finished ('' when it has)."""
+        if self.val_step is None:
+            return "unfinished: no validation yet"
+        if self.max_steps is not None and self.val_step < self.max_steps:
+            return f"unfinished: step {self.val_step:,} of {self.max_steps:,}"
+        return ""
+
+
+def load_run(run_dir: Path, name: str) -> Run:
+    run = Run(run_dir, name, read_config(run_dir / "config.yaml"))
+    try:
+        rows = read_rows(run_dir / "metrics.csv", metric_value)
+    except DamagedTable as e:
+        raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it") from None
+    for row in rows:
+        for key, value in row.items():
+            if key not in ("step", "epoch") and value is not None:
+                run.metrics.setdefault(key, []).append((row["step"], value))
+    for values in run.metrics.values():
+        values.sort(key=lambda item: item[0])
+    if (run_dir / "angles.csv").is_file():
+        run.angles = read_angles(
+            run_dir / "angles.csv",
+            f"rerun the same normlab-train command, which repairs it, or regenerate it with normlab-angles "
+            f"model_path={run_dir} out={run_dir / 'angles.csv'}",
+        )
+    if (run_dir / "ablation.csv").is_file():
+        run.ablation = read_ablation(run_dir / "ablation.csv")
+    if (run_dir / "eval" / "results.csv").is_file():
+        run.evaluation = read_evaluation(run_dir / "eval" / "results.csv")
+    return run
+
+
+def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
+    """The runs (metrics.csv + config.yaml) at or under `paths`, and the `.replaced-*` folders skipped there."""
+    dirs, replaced = set(), set()
+    for root in paths:
+        for metrics in root.rglob("metrics.csv"):
+            parts = metrics.parent.relative_to(root).parts
+            aside = [i for i, part in enumerate(parts) if ".replaced-" in part]
+            if aside:
+                replaced.add(root.joinpath(*parts[: aside[0] + 1]))
+            elif (metrics.parent / "config.yaml").is_file():
+                dirs.add(metrics.parent)
+    dirs = sorted(dirs)
+    common = Path(os.path.commonpath([d.resolve() for d in dirs])) if len(dirs) > 1 else None
+    runs = [load_run(d, str(d.resolve().relative_to(common)) if common else d.resolve().name) for d in dirs]
+    return runs, sorted(replaced)

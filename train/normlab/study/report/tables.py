@@ -1,0 +1,139 @@
+"""The sections of summary.md below the verdict, as markdown: per group of runs its runs (parameters, steps, speed,
+why a run is left out), the paired final validation loss, the paired evaluation and the angle to 1 per layer; per
+pretrained model its angles per layer; and the figures under each section."""
+
+import json
+import math
+import statistics
+
+from omegaconf import OmegaConf
+
+from normlab.probe.profiles import profile, runs_text, site_sort, site_tick, step_text
+from normlab.study.report.groups import Group, Series
+from normlab.study.report.intervals import Interval
+from normlab.study.report.pretrained import Pretrained
+from normlab.study.report.runs import Run
+from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE
+
+
+def parameter_count(config: dict, cache: dict) -> int:
+    key = json.dumps([config["model"], config["norm"]], sort_keys=True, default=str)
+    if key not in cache:
+        import torch
+
+        from normlab.training.pipeline import build_model
+
+        with torch.device("meta"):
+            cache[key] = build_model(OmegaConf.create(config)).num_params()
+    return cache[key]
+
+
+def runs_table(group: Group, parameters: dict) -> str:
+    lines = ["| run | norm | seed | parameters | step | final val loss | tokens/s (median) | status |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for run in sorted(group.runs, key=lambda r: (r.variant.order, r.seed, r.name)):
+        rates = [v for _, v in run.metrics.get("train/tokens_per_sec", [])[1:]]  # the first includes warm-up
+        step = f"{run.val_step or 0:,}" + (f" of {run.max_steps:,}" if run.max_steps else "")
+        status = f"**{run.left_out}**" if run.left_out else "compared" + (f"; {run.note}" if run.note else "")
+        lines.append(f"| {run.name} | {run.variant.name} | {run.seed} | {parameter_count(run.config, parameters):,} "
+                     f"| {step} | {run.final_val_loss:.4f} | {statistics.median(rates) if rates else math.nan:,.0f} "
+                     f"| {status} |")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_table(group: Group) -> str:
+    if not group.comparisons:
+        return "No pair to compare: the group needs a centred and an uncentred finished run of one seed.\n"
+    lines = ["| comparison | pairs (seeds) | difference per seed | mean | sd | 95% CI (t) | excludes 0 |",
+             "|---|---|---|---:|---:|---|---|"]
+    for c in group.comparisons:
+        i = c.interval
+        seeds = ", ".join(str(centred.seed) for centred, _ in c.pairs)
+        per_seed = ", ".join(f"{d:+.4f}" for d in c.differences)
+        ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}]"
+        sd = "—" if i.sd is None else f"{i.sd:.4f}"
+        excludes = "—" if i.excludes_zero is None else "**yes**" if i.excludes_zero else "no"
+        lines.append(f"| {c.label} | {i.n} ({seeds}) | {per_seed} | {i.mean:+.4f} | {sd} | {ci} | {excludes} |")
+    return "\n".join(lines) + "\n"
+
+
+def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
+    """(task, metric) -> (step, value) of a run's normlab-eval rows, at the newest step evaluated."""
+    values = {}
+    for row in sorted(run.evaluation, key=lambda r: r["step"]):
+        if row["value"] is not None:
+            values[(row["task"], row["metric"])] = (row["step"], row["value"])
+    return values
+
+
+def evaluation_table(group: Group) -> str:
+    """Per comparison, task and metric of normlab-eval: uncentred minus centred, paired by seed, with its t
+    interval."""
+    lines = ["| comparison | task | metric | pairs (seeds) | steps | difference per seed | mean | 95% CI (t) | "
+             "excludes 0 |", "|---|---|---|---|---|---|---:|---|---|"]
+    for c in group.comparisons:
+        pairs = [(centred, evaluation_values(centred), evaluation_values(uncentred)) for centred, uncentred in c.pairs]
+        for task, metric in sorted({k for _, cv, uv in pairs for k in cv.keys() & uv.keys()}):
+            found = [(run.seed, cv[(task, metric)], uv[(task, metric)]) for run, cv, uv in pairs
+                     if (task, metric) in cv and (task, metric) in uv]
+            differences = [u[1] - v[1] for _, v, u in found]
+            i = Interval.of(differences)
+            ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}]"
+            excludes = "—" if i.excludes_zero is None else "**yes**" if i.excludes_zero else "no"
+            steps = ", ".join(sorted({f"{v[0]:,}/{u[0]:,}" for _, v, u in found}))
+            lines.append(f"| {c.label} | {task} | {metric} | {i.n} ({', '.join(str(s) for s, _, _ in found)}) | "
+                         f"{steps} | {', '.join(f'{d:+.4f}' for d in differences)} | {i.mean:+.4f} | {ci} | "
+                         f"{excludes} |")
+    if len(lines) == 2:
+        return ""
+    return "\n".join(lines) + "\n\nSteps: the centred/uncentred run's checkpoint (its newest in eval/results.csv).\n"
+
+
+def layer_table(series: list[Series]) -> str:
+    """Per norm input: each norm's angle to 1 (mean over seeds ± their sd), its deviation in null sds and the
+    share of the squared norm along 1."""
+    profiles = [(s, profile(s.angles, "input", "uniform")) for s in series]
+    profiles = [(s, p) for s, p in profiles if p]
+    if not profiles:
+        return ""
+    keys = sorted({k for _, p in profiles for k in p}, key=site_sort)
+    header = ["norm input"]
+    for s, p in profiles:
+        header += [f"{s.norm}: angle to 1 (step {step_text([p])}, {runs_text(len(s.angles))})",
+                   "(angle − 90) / null sd", "share along 1"]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    for key in keys:
+        cells = [site_tick(key)]
+        for _, p in profiles:
+            point = p.get(key)
+            if point is None:
+                cells += ["—"] * 3
+                continue
+            spread = f" ± {point.seed_sd:.2f}" if point.seed_sd is not None else ""
+            marker = "" if point.random_sd is not None else "‡"
+            cells += [f"{point.mean:.2f}{spread}", f"{point.deviation:+.1f}{marker}", f"{point.share:.4f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    d = profiles[0][1][keys[0]].d if keys[0] in profiles[0][1] else None
+    null = f" (null for a random direction: 1/d = {1 / d:.4f})" if d else ""
+    return "\n".join(lines) + f"\n\nShare along 1: the mean cos² of the angle{null}.\n"
+
+def group_section(group: Group, parameters: dict) -> str:
+    text = [f"## {group.title}\n"]
+    if group.model in DEMO_MODELS:
+        text.append(f"*{DEMO_NOTE}.*\n")
+    text += ["### Runs\n", runs_table(group, parameters), "### Final validation loss, paired by seed\n",
+             comparison_table(group)]
+    if table := evaluation_table(group):
+        text += ["### Evaluation (normlab-eval), uncentred − centred, paired by seed\n", table]
+    if table := layer_table(group.series()):
+        text += ["### Angle to 1 at the norm inputs, per layer (mean over seeds ± their sd)\n", table]
+    return "\n".join(text)
+
+
+def pretrained_section(model: Pretrained) -> str:
+    return "\n".join([f"## {model.name} (pretrained, {model.norm or 'norm not recorded'}; {model.csv})\n",
+                      layer_table(model.series())])
+
+
+def images(figures: list[str]) -> str:
+    return "".join(f"\n![{f}]({f})\n" for f in figures) + "\n"
