@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, run_cli
-from normlab.study.angles import read_csv
+from normlab.probe.table import read_csv
 from test_angles import tiny_hf
 
 STEP_2 = "run/checkpoints/step-0000002.ckpt"

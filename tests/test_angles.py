@@ -13,16 +13,9 @@ from torch import nn
 from conftest import run_cli
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm, RMSNorm
-from normlab.study.angles import (
-    LAYOUTS,
-    POSITIONS,
-    AngleProbe,
-    NormSite,
-    measure,
-    norm_sites,
-    random_directions,
-    read_csv,
-)
+from normlab.probe.hooks import AngleProbe, measure, random_directions
+from normlab.probe.sites import LAYOUTS, NormSite, norm_sites
+from normlab.probe.table import POSITIONS, read_csv
 
 
 def identity_probe(d):
@@ -253,7 +246,7 @@ def test_normlab_angles_holds_one_model_in_memory_at_a_time(tmp_path):
 def test_a_bfloat16_model_is_measured_with_float64_statistics():
     """dtype=bfloat16 (a 6-8B model on one 80 GB GPU): the weights and activations in bf16, the statistics still
     float64, the angles those of the float32 model to bf16 precision."""
-    from normlab.study.angles import DTYPES
+    from normlab.training.loader import DTYPES
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), LayerNorm)
     model.init_weights(0)
@@ -271,7 +264,8 @@ def test_a_bfloat16_model_is_measured_with_float64_statistics():
 
 DDP_SCRIPT = """
 import sys, torch, torch.distributed as dist
-from normlab.study.angles import measure, norm_sites
+from normlab.probe.hooks import measure
+from normlab.probe.sites import norm_sites
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import RMSNorm
 rank, world, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]

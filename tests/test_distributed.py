@@ -18,7 +18,9 @@ import torch.distributed as dist
 
 from conftest import BIN, compose_config
 from normlab.model.norms import LayerNorm
-from normlab.study.angles import AngleProbe, NormSite, read_csv
+from normlab.probe.hooks import AngleProbe
+from normlab.probe.sites import NormSite
+from normlab.probe.table import read_csv
 from normlab.training.pipeline import build_module
 
 STEPS = 8

@@ -20,8 +20,8 @@ from omegaconf import OmegaConf
 from conftest import EMBEDDED, FAST_TRAIN, compose_config, run_cli
 from normlab.data.tokenizer import gpt2
 from normlab.interop.evaluate import main
-from normlab.study.angles import load_normlab
 from normlab.study.report import report
+from normlab.training.loader import load_model
 
 NORMS = ("layernorm", "rmsnorm")
 CLOZE_DOCS = 10
@@ -108,7 +108,7 @@ def target_loglikelihood(model, doc: dict) -> tuple[float, bool]:
 def test_the_harness_scores_each_target_as_normlabs_own_model_does(evaluated, norm):
     run = evaluated / "runs" / norm
     rows = results(run / "eval")
-    model = load_normlab(run / NEWEST).eval()
+    model = load_model(run / NEWEST).eval()
     docs = [json.loads(line) for line in (evaluated / "tasks" / "cloze.jsonl").read_text().splitlines()]
     scores = [target_loglikelihood(model, doc) for doc in docs]
     perplexity, acc = value(rows, "embedded_cloze", "perplexity"), value(rows, "embedded_cloze", "acc")
@@ -123,7 +123,7 @@ def test_the_harness_scores_each_target_as_normlabs_own_model_does(evaluated, no
 def test_held_out_perplexity_is_exp_of_the_mean_cross_entropy_and_trainings_validation_loss(evaluated, norm):
     run = evaluated / "runs" / norm
     rows = results(run / "eval")
-    model = load_normlab(run / NEWEST).eval()
+    model = load_model(run / NEWEST).eval()
     tokens = torch.from_numpy(np.fromfile(EMBEDDED / "val.bin", dtype=np.uint16)[: HELD_OUT_TOKENS + 1].astype(int))
     windows = tokens.unfold(0, 129, 128)  # the tiny model's context: 128 tokens predicted per window
     with torch.no_grad():

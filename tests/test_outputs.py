@@ -66,7 +66,8 @@ def test_sample_into_a_runs_metrics_csv_is_refused_before_any_token_is_generated
     refused(result, "normlab-sample", f"out={metrics} lies inside a run directory, {runs / 'r'}")
     assert metrics.read_bytes() == before
     # checked before the model is even loaded
-    monkeypatch.setattr(sample, "load_normlab", lambda *a, **k: pytest.fail("loaded the model before checking out="))
+    monkeypatch.setattr(sample.loader, "load_model",
+                        lambda *a, **k: pytest.fail("loaded the model before checking out="))
     with pytest.raises(sample.SampleError, match="lies inside a run directory"):
         sample.samples(compose_config("sample", [f"model_path={runs / 'r'}", f"out={metrics}"]))
 

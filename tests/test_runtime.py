@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from conftest import compose_config
 from normlab.common.errors import ConfigError
-from normlab.study.angles import measure, norm_sites
+from normlab.probe.hooks import measure
+from normlab.probe.sites import norm_sites
 from normlab.training import runtime
 from normlab.training.pipeline import build_module
 

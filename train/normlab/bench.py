@@ -293,7 +293,8 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
 def probe_setup(model_name: str, seq_len: int, null_directions: int):
     import torch
 
-    from normlab.study.angles import measure, norm_sites
+    from normlab.probe.hooks import measure
+    from normlab.probe.sites import norm_sites
     from normlab.training.pipeline import build_model
 
     model = build_model(compose([f"model={model_name}", f"model.block_size={seq_len}"]))

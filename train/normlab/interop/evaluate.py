@@ -22,15 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.common import outputs
 from normlab.common.errors import NormlabError
-from normlab.study.angles import (
-    DTYPES,
-    IDENTITY_COLUMNS,
-    DamagedTable,
-    device_name,
-    load_checkpoint,
-    read_rows,
-    run_identity,
-)
+from normlab.probe.table import IDENTITY_COLUMNS, DamagedTable, read_rows, run_identity
+from normlab.training import loader
 
 COMMAND = "normlab-eval"
 CSV_COLUMNS = (*IDENTITY_COLUMNS, "step", "task", "metric", "value", "stderr", "count", "num_fewshot")
@@ -56,18 +49,11 @@ class Subject:
 
 
 def plan(path: Path) -> Subject:
-    from normlab.training.run_dir import RunDirError, chosen_checkpoint
-
-    if not path.exists():
-        raise EvalError(f"{path} does not exist: give a .ckpt or a run directory")
-    try:
-        checkpoint, step, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
-    except RunDirError as e:
-        raise EvalError(str(e)) from None
+    checkpoint, step, warnings = loader.chosen(path, EvalError)
     checkpoint = checkpoint.resolve()
     in_run = checkpoint.parent.name == "checkpoints" and (checkpoint.parent.parent / "config.yaml").is_file()
     run_dir = checkpoint.parent.parent if in_run else None
-    config = OmegaConf.to_container(OmegaConf.create(load_checkpoint(checkpoint)["hyper_parameters"]["config"]))
+    config = loader.saved_config(loader.read_checkpoint(checkpoint))
     names = {**run_identity(config, str(checkpoint)), "step": step}
     if run_dir is not None:
         names["run"] = run_dir.name  # the directory's name, as normlab-ablate's rows
@@ -331,8 +317,7 @@ def check_options(cfg: DictConfig) -> None:
     whole("num_fewshot", cfg.num_fewshot, 0, "each task's default")
     whole("batch_size", cfg.batch_size, 1, None)
     whole("perplexity.tokens", cfg.perplexity.tokens, 1, "the whole split")
-    if cfg.dtype not in DTYPES:
-        raise EvalError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
+    loader.check_dtype(cfg.dtype, EvalError)
     for folder in cfg.include_path:
         if not Path(str(folder)).is_dir():
             raise EvalError(f"include_path: {folder} is not a folder: give folders of task YAML files")
@@ -353,11 +338,11 @@ def main(cfg: DictConfig) -> None:
         raise EvalError("no model given: model_path=RUN_DIR or model_path=CHECKPOINT.ckpt")
     names = task_names(cfg.tasks)
     check_options(cfg)
-    device = device_name(cfg.device)
+    device = loader.device_name(cfg.device, EvalError)
     if cfg.out is not None:
         check_out(Path(str(cfg.out)))
     subject = plan(Path(str(cfg.model_path)))
-    config = load_checkpoint(subject.checkpoint)["hyper_parameters"]["config"]
+    config = loader.saved_config(loader.read_checkpoint(subject.checkpoint))
     context = config["model"]["block_size"]
     held_out = {n: held_out_split(n.removeprefix(PERPLEXITY), Path(cfg.paths.data_dir), config["model"]["vocab_size"])
                 for n in names if n.startswith(PERPLEXITY)}  # checked before anything runs
@@ -371,9 +356,7 @@ def main(cfg: DictConfig) -> None:
     harness_tasks = [n for n in names if n not in held_out]
     rows = harness_rows(subject.checkpoint, harness_tasks, cfg, device) if harness_tasks else []
     if held_out:
-        from normlab.study.angles import load_normlab
-
-        model = load_normlab(subject.checkpoint, cfg.dtype)
+        model = loader.load_model(subject.checkpoint, cfg.dtype)
         for name, (folder, split) in held_out.items():
             windows = held_out_windows(folder, split, cfg.perplexity.tokens, context)
             rows += perplexity_rows(model, name, windows, cfg.batch_size, device)

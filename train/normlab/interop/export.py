@@ -21,7 +21,7 @@ from normlab.common import outputs
 from normlab.common.errors import NormlabError
 from normlab.data import tokenizer as gpt2
 from normlab.model import norms
-from normlab.study.angles import DTYPES
+from normlab.training import loader
 
 if TYPE_CHECKING:
     import transformers  # only for the annotations: importing it takes seconds
@@ -115,10 +115,8 @@ def hf_model(model: torch.nn.Module, metadata: dict):
 
 def metadata(checkpoint: Path) -> dict:
     """What config.json says of the exported model: its run, model, norm, seed and step."""
-    from normlab.study.angles import load_checkpoint
-
-    ckpt = load_checkpoint(checkpoint)
-    config = OmegaConf.to_container(OmegaConf.create(ckpt["hyper_parameters"]["config"]))
+    ckpt = loader.read_checkpoint(checkpoint)
+    config = loader.saved_config(ckpt)
     return {"run": config["run_name"], "model": config["model"]["name"], "norm": config["norm"]["name"],
             "seed": config["seed"], "step": ckpt["global_step"], "checkpoint": checkpoint.name}
 
@@ -128,11 +126,9 @@ def hugging_face(
 ) -> "tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]":
     """The model of a normlab checkpoint as a transformers model (eval mode, in `dtype`) and GPT-2's tokenizer, in
     memory (nothing is written)."""
-    from normlab.study.angles import load_normlab
-
     checkpoint = Path(checkpoint)
-    model = load_normlab(checkpoint)
-    converted = hf_model(model, metadata(checkpoint)).to(DTYPES[dtype]).eval()
+    model = loader.load_model(checkpoint)
+    converted = hf_model(model, metadata(checkpoint)).to(loader.DTYPES[dtype]).eval()
     return converted, gpt2_tokenizer(model.config.block_size)
 
 
@@ -141,16 +137,9 @@ def hugging_face(
 
 def checked_checkpoint(path: Path) -> tuple[Path, int]:
     """`path` (a .ckpt, or a run directory: its newest intact checkpoint), verified against its digest file."""
-    from normlab.training.run_dir import RunDirError, chosen_checkpoint
-
-    if not path.exists():
-        raise ExportError(f"{path} does not exist: give a .ckpt or a run directory")
     if path.is_dir() and (path / "config.json").is_file() and not (path / "checkpoints").is_dir():
         raise ExportError(f"{path} is a Hugging Face model directory already: give a .ckpt or a run directory")
-    try:
-        checkpoint, step, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
-    except RunDirError as e:
-        raise ExportError(str(e)) from None
+    checkpoint, step, warnings = loader.chosen(path, ExportError)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     return checkpoint, step
@@ -188,8 +177,7 @@ def main(cfg: DictConfig) -> None:
     Hugging Face model directory with GPT-2's tokenizer files, in `out` (conf/export.yaml)."""
     if OmegaConf.is_missing(cfg, "model_path") or not str(cfg.model_path).strip():
         raise ExportError("no model given: model_path=RUN_DIR or model_path=CHECKPOINT.ckpt")
-    if cfg.dtype not in DTYPES:
-        raise ExportError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
+    loader.check_dtype(cfg.dtype, ExportError)
     if not isinstance(cfg.overwrite, bool):
         raise ExportError(f"overwrite={cfg.overwrite}: give true or false")
     checkpoint, step = checked_checkpoint(Path(str(cfg.model_path)))

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.common import outputs
 from normlab.common.errors import NormlabError
-from normlab.study.angles import AnalysisError, device_name, load_normlab
+from normlab.training import loader
 
 
 class SampleError(NormlabError):
@@ -51,14 +51,7 @@ def generate(model, prompt: list[int], max_new_tokens: int, temperature: float =
 
 def checkpoint_path(path: Path) -> Path:
     """A .ckpt (verified against its digest file), or the newest intact checkpoint of a run directory."""
-    from normlab.training.run_dir import RunDirError, chosen_checkpoint
-
-    if not path.exists():
-        raise SampleError(f"model_path={path} does not exist: give a .ckpt or a run directory")
-    try:
-        checkpoint, _, warnings = chosen_checkpoint(path, "a .ckpt or a run directory")
-    except RunDirError as e:
-        raise SampleError(str(e)) from None
+    checkpoint, _, warnings = loader.chosen(path, SampleError, named=f"model_path={path}")
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     return checkpoint
@@ -90,11 +83,8 @@ def samples(cfg: DictConfig) -> list[dict]:
     if OmegaConf.is_missing(cfg, "model_path") or not str(cfg.model_path).strip():
         raise SampleError("no model given: model_path=RUN_DIR or model_path=CHECKPOINT.ckpt")
     check_options(cfg)
-    try:
-        device = device_name(cfg.device)
-    except AnalysisError as e:
-        raise SampleError(str(e)) from None
-    model = load_normlab(checkpoint_path(Path(str(cfg.model_path)))).to(device).eval()
+    device = loader.device_name(cfg.device, SampleError)
+    model = loader.load_model(checkpoint_path(Path(str(cfg.model_path)))).to(device).eval()
     encoding = gpt2()
     prompt = encoding.encode(str(cfg.prompt), allowed_special={"<|endoftext|>"}) or [EOT]  # "" starts a document
     block_size = model.config.block_size

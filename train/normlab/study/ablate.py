@@ -25,19 +25,10 @@ from tqdm import tqdm
 
 from normlab.common import outputs
 from normlab.model import norms
-from normlab.study.angles import (
-    DTYPES,
-    AnalysisError,
-    NormSite,
-    check_positive,
-    default_name,
-    device_name,
-    load_normlab,
-    norm_sites,
-    normlab_probe,
-    plan_hugging_face,
-    run_identity,
-)
+from normlab.probe.sites import NormSite, norm_sites
+from normlab.probe.table import AnalysisError, run_identity
+from normlab.study.angles import check_positive, default_name, normlab_probe, plan_hugging_face
+from normlab.training import loader
 
 CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
                "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "share_along_1", "d")
@@ -167,7 +158,7 @@ def forward_of(model: nn.Module, layout: str) -> Callable[[torch.Tensor], torch.
 
 def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_size: int = 8, resamples: int = 1000,
                   seed: int = 0, device: str = "cpu", desc: str | None = None) -> list[dict]:
-    """The CSV rows of `model` (an architecture of angles.LAYOUTS) on `windows` [n, seq_len], without the columns
+    """The CSV rows of `model` (an architecture of probe.sites.LAYOUTS) on `windows` [n, seq_len], without the columns
     that name the model (run, model, norm, seed, step, source)."""
     sites = norm_sites(model, layout)
     kinds = {norm_kind(s) for s in sites}
@@ -201,7 +192,7 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
 class Subject:
     """A model_path, checked and ready to measure, with the columns that name it in the CSV."""
 
-    layout: str  # a key of angles.LAYOUTS
+    layout: str  # a key of probe.sites.LAYOUTS
     load: Callable[[], nn.Module]
     windows: torch.Tensor  # the probe: [windows, seq_len] token ids
     names: dict  # run, model, norm, seed, step, source
@@ -210,19 +201,14 @@ class Subject:
 
 
 def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
-    from normlab.training.run_dir import RunDirError, chosen_checkpoint
-
-    try:
-        checkpoint, step, warnings = chosen_checkpoint(
-            path, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
-    except RunDirError as e:
-        raise AnalysisError(str(e)) from None
+    checkpoint, step, warnings = loader.chosen(
+        path, AnalysisError, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
     out = path / "ablation.csv" if path.is_dir() else Path(cfg.paths.output_dir) / "ablation" / default_name(path)
     config, windows = normlab_probe(checkpoint, path, cfg)
     checkpoint = checkpoint.resolve()
     run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else config["run_name"]
     names = {**run_identity(config, str(checkpoint)), "run": run, "step": step}  # run: the directory's name
-    return Subject("normlab", partial(load_normlab, checkpoint, cfg.dtype), windows, names, out, warnings)
+    return Subject("normlab", partial(loader.load_model, checkpoint, cfg.dtype), windows, names, out, warnings)
 
 
 def plan(path: Path, cfg: DictConfig) -> Subject:
@@ -275,9 +261,8 @@ def main(cfg: DictConfig) -> None:
     check_positive("bootstrap", cfg.bootstrap)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
         raise AnalysisError(f"seed={cfg.seed}: give a whole number >= 0 (it seeds the bootstrap)")
-    if cfg.dtype not in DTYPES:
-        raise AnalysisError(f"dtype={cfg.dtype}: give one of {', '.join(DTYPES)}")
-    device = device_name(cfg.device)
+    loader.check_dtype(cfg.dtype, AnalysisError)
+    device = loader.device_name(cfg.device, AnalysisError)
     if cfg.out is not None:
         check_out(Path(str(cfg.out)))
     subject = plan(path, cfg)  # checked before any model runs
