@@ -22,7 +22,8 @@ from normlab.data import tokenizer as gpt2
 from normlab.interop.export import ExportError, hf_model, hugging_face, main
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm, RMSNorm
-from normlab.study.angles import load_normlab, read_csv
+from normlab.probe.table import read_csv
+from normlab.training.loader import load_model
 
 NORMS = ("layernorm_nobias", "rmsnorm_bias")  # the bias-free LN gets zero biases; the RMS model keeps its bias
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs
@@ -100,7 +101,7 @@ def test_the_export_gives_normlabs_logits(runs, norm):
         assert config["norm_bias"] is True and model.transformer.ln_f.bias.abs().sum() > 0  # trained: not zeros
     batch = probe_batch()
     with torch.no_grad():
-        logits, expected = model(batch).logits, load_normlab(runs / norm / CHECKPOINT).eval()(batch)
+        logits, expected = model(batch).logits, load_model(runs / norm / CHECKPOINT).eval()(batch)
     assert logits.shape == expected.shape == (4, 128, gpt2.VOCAB_SIZE)
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-4)
 
@@ -113,10 +114,31 @@ def test_hugging_face_gives_normlabs_logits_in_memory(runs, norm):
     assert model.config.normlab["norm"] == norm and model.config.normlab["step"] == 6
     batch = probe_batch()
     with torch.no_grad():
-        expected = load_normlab(runs / norm / CHECKPOINT).eval()(batch)
+        expected = load_model(runs / norm / CHECKPOINT).eval()(batch)
         torch.testing.assert_close(model(batch).logits, expected, rtol=1e-5, atol=1e-4)
         half, _ = hugging_face(runs / norm / CHECKPOINT, dtype="bfloat16")
         assert half.dtype == torch.bfloat16 and (half(batch).logits.float() - expected).abs().mean() < 0.05
+
+
+def test_a_checkpoint_written_before_the_subpackages_loads_with_the_same_logits(runs, tmp_path):
+    """A checkpoint saved before normlab had subpackages names its norm normlab.norms.RMSNorm: the loader still
+    finds, verifies and builds it (common.paths.current_targets), into the same model."""
+    from normlab.training.checkpoint_files import write_checkpoint
+    from normlab.training.loader import chosen, read_checkpoint, saved_config
+
+    trained = runs / "rmsnorm_bias" / CHECKPOINT
+    checkpoint = torch.load(trained, map_location="cpu", weights_only=False)
+    layer = checkpoint["hyper_parameters"]["config"]["norm"]["layer"]
+    assert layer["_target_"] == "normlab.model.norms.RMSNorm"
+    layer["_target_"] = "normlab.norms.RMSNorm"  # as written before the move
+    old = tmp_path / "old.ckpt"
+    write_checkpoint(checkpoint, old)
+    assert read_checkpoint(old)["hyper_parameters"]["config"]["norm"]["layer"]["_target_"] == "normlab.norms.RMSNorm"
+    assert saved_config(read_checkpoint(old))["norm"]["layer"]["_target_"] == "normlab.model.norms.RMSNorm"
+    assert chosen(old, ExportError)[:2] == (old, 6)
+    batch = probe_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(old).eval()(batch), load_model(trained).eval()(batch), rtol=0, atol=0)
 
 
 def test_normlab_angles_gives_the_same_rows_for_the_export_and_the_checkpoint(runs, tmp_path):
@@ -157,7 +179,7 @@ def test_the_rmsnorm_export_loads_with_trust_remote_code_without_normlab(runs, t
     module, norm_class, normlab_imported = result.stdout.split()
     assert module.startswith("transformers_modules") and module.endswith("hf_rmsnorm_gpt2")
     assert (norm_class, normlab_imported) == ("RMSNorm", "False")
-    expected = load_normlab(runs / "rmsnorm_bias" / CHECKPOINT).eval()(batch).detach()
+    expected = load_model(runs / "rmsnorm_bias" / CHECKPOINT).eval()(batch).detach()
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-5, atol=1e-4)
     assert (Path(copy) / "hf_rmsnorm_gpt2.py").read_text().count("import normlab") == 0
 
