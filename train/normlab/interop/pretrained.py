@@ -40,7 +40,7 @@ def model_config(path: Path):
         )
     from transformers import AutoConfig
 
-    from normlab.interop import hf_rmsnorm_gpt2  # noqa: F401 (registers the model type of normlab-export's RMSNorm models)
+    from normlab.interop import hf_rmsnorm_gpt2  # noqa: F401 (registers normlab-export's RMSNorm model type)
 
     with loading(config_file):
         return model_type, AutoConfig.from_pretrained(path)
@@ -66,9 +66,10 @@ def identity(path: Path, model_type: str, config) -> tuple[int, dict]:
 
 
 def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
+    """The causal LM of the model directory `path` in `dtype`, its raw weights (nothing folded)."""
     from transformers import AutoModelForCausalLM
 
-    from normlab.interop import hf_rmsnorm_gpt2  # noqa: F401 (registers the model type of normlab-export's RMSNorm models)
+    from normlab.interop import hf_rmsnorm_gpt2  # noqa: F401 (registers normlab-export's RMSNorm model type)
 
     with loading(f"the model in {path}"):
         return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])  # raw weights: nothing folded

@@ -56,7 +56,7 @@ class Analysis:
     """A path given to normlab-angles, checked and ready to measure."""
 
     path: Path
-    layout: str  # a key of LAYOUTS
+    layout: str  # a key of probe.sites.LAYOUTS
     checkpoints: list[tuple[int, Callable[[], nn.Module], dict]]  # (step, what loads its model, identity), by step
     windows: torch.Tensor  # the probe: [sequences, seq_len] token ids
     warnings: list[str]
