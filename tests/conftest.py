@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,45 @@ def prepared() -> Path:
 def prepared_copy(prepared, tmp_path) -> Path:
     """A private copy of the prepared corpus that a test may damage."""
     return Path(shutil.copytree(prepared, tmp_path / "embedded"))
+
+
+def once_per_session(tmp_path_factory, name: str, command: Callable[[Path], subprocess.CompletedProcess]) -> Path:
+    """`command(folder)` run once in this pytest session (folder: <session>/`name`), by the pytest-xdist worker that
+    asks first while the others wait for it (the pattern of pytest-xdist's docs: a lock in the folder that holds
+    every worker's temporary folders); returns the folder, which the workers share."""
+    session = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        session = session.parent  # each worker's base folder lies in the session's; without xdist it is its own
+    out, outcome = session / name, session / f"{name}.outcome.json"
+    with FileLock(session / f"{name}.lock"):
+        if not outcome.is_file():  # a failure is recorded too: the next worker reports it rather than retrying
+            result = command(out)
+            outcome.write_text(json.dumps({"returncode": result.returncode, "stderr": result.stderr[-3000:]}))
+    recorded = json.loads(outcome.read_text())
+    assert recorded["returncode"] == 0, recorded["stderr"]
+    return out
+
+
+# The run directories' tag: the FAST_TRAIN overrides (last key parts and values, sorted), the items that fit, and a hash
+# of them all
+TAG = "-batch_size2-dense_until4-every2-max_steps6-h8d0e914d"
+
+
+@pytest.fixture(scope="session")
+def sweep(prepared, tmp_path_factory) -> Path:
+    """`normlab-train -m norm=layernorm,rmsnorm seed=0,1`: four runs, back to back, with Hydra's basic launcher;
+    trained once per session for every file that needs a finished tiny run of FAST_TRAIN. Shared: a test reads
+    these runs, and changes only a copy (shutil.copytree) of one."""
+
+    def train(out: Path) -> subprocess.CompletedProcess:
+        return run_cli("normlab-train", "-m", "norm=layernorm,rmsnorm", "seed=0,1", "experiment_name=t",
+                       f"paths.output_dir={out}", *FAST_TRAIN)
+
+    return once_per_session(tmp_path_factory, "sweep", train) / "t"
+
+
+def run_of(sweep: Path, norm: str, seed: int = 0) -> Path:
+    return sweep / f"tiny-{norm}-seed{seed}{TAG}"
 
 
 DOCS = [

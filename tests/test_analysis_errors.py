@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import FAST_TRAIN, run_cli
+from conftest import run_cli, run_of
 from normlab.probe.table import read_csv
 from test_angles import tiny_hf
 
@@ -22,12 +22,12 @@ def snapshot(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def inputs(prepared, tmp_path_factory) -> Path:
-    """run/: a finished run; hf/: a tiny Hugging Face GPT-2 (a context of 64 tokens); pythia/: a tiny GPT-NeoX with
-    Pythia's vocabulary size (another BPE than GPT-2's) and no tokenizer files. Tests damage copies."""
+def inputs(sweep, tmp_path_factory) -> Path:
+    """run/: a finished run (a copy of the session's LayerNorm run); hf/: a tiny Hugging Face GPT-2 (a context of 64
+    tokens); pythia/: a tiny GPT-NeoX with Pythia's vocabulary size (another BPE than GPT-2's) and no tokenizer
+    files. Tests damage copies."""
     root = tmp_path_factory.mktemp("inputs")
-    result = run_cli("normlab-train", f"run_dir={root / 'run'}", *FAST_TRAIN)
-    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(run_of(sweep, "layernorm"), root / "run")
     tiny_hf("gpt2").save_pretrained(root / "hf")
     pythia = tiny_hf("gpt_neox")
     pythia.resize_token_embeddings(50304)

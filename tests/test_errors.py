@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, FAST_TRAIN, run_cli
+from conftest import BIN, FAST_TRAIN, run_cli, run_of
 
 
 def snapshot(root: Path) -> dict:
@@ -41,11 +41,9 @@ def other_tokenizer(data: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def finished_run(prepared, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("finished") / "run"
-    result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run
+def finished_run(sweep) -> Path:
+    """The session's finished LayerNorm run of FAST_TRAIN (the cases that need an earlier run damage a copy)."""
+    return run_of(sweep, "layernorm")
 
 
 def empty_meta(data: Path) -> None:

@@ -6,6 +6,7 @@ output whole. The four reproductions of issue 20 run through the real commands o
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_TRAIN, compose_config, run_cli
+from conftest import FAST_TRAIN, compose_config, run_cli, run_of
 from normlab.common import outputs
 from normlab.common.errors import DataError
 from normlab.data.prepare import check_output
@@ -24,11 +25,11 @@ from normlab.study import report
 
 
 @pytest.fixture(scope="module")
-def runs(prepared, tmp_path_factory) -> Path:
-    """<root>/r: a finished tiny run; <root>/other: a folder holding another user's file beside it."""
+def runs(sweep, tmp_path_factory) -> Path:
+    """<root>/r: a finished tiny run (a copy of the session's LayerNorm run); <root>/other: a folder holding another
+    user's file beside it."""
     root = tmp_path_factory.mktemp("outputs")
-    result = run_cli("normlab-train", f"run_dir={root / 'r'}", *FAST_TRAIN)
-    assert result.returncode == 0, result.stderr[-3000:]
+    shutil.copytree(run_of(sweep, "layernorm"), root / "r")
     return root
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import FAST_TRAIN, compose_config, run_cli
+from conftest import FAST_TRAIN, TAG, compose_config, run_cli, run_of
 from normlab.common.errors import NonFiniteError
 from normlab.data.datamodule import load_probe
 from normlab.data.tokenizer import EOT
@@ -20,32 +20,6 @@ from normlab.training.module import lr_factor
 from normlab.training.pipeline import build, build_module, build_trainer
 
 NORMS = ("layernorm", "rmsnorm")
-
-
-# The run directories' tag: the FAST_TRAIN overrides (last key parts and values, sorted), the items that fit, and a hash
-# of them all
-TAG = "-batch_size2-dense_until4-every2-max_steps6-h8d0e914d"
-
-
-@pytest.fixture(scope="session")
-def sweep(prepared, tmp_path_factory) -> Path:
-    """`normlab-train -m norm=layernorm,rmsnorm seed=0,1`: four runs, back to back, with Hydra's basic launcher."""
-    out = tmp_path_factory.mktemp("checkpoints")
-    result = run_cli(
-        "normlab-train",
-        "-m",
-        "norm=layernorm,rmsnorm",
-        "seed=0,1",
-        "experiment_name=t",
-        f"paths.output_dir={out}",
-        *FAST_TRAIN,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out / "t"
-
-
-def run_of(sweep: Path, norm: str, seed: int = 0) -> Path:
-    return sweep / f"tiny-{norm}-seed{seed}{TAG}"
 
 
 def read_metrics(run_dir: Path) -> dict[str, dict[int, float]]:
