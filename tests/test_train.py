@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, TAG, compose_config, run_cli, run_of
 from normlab.common.errors import NonFiniteError
-from normlab.data.datamodule import load_probe
+from normlab.data.corpus import load_probe
 from normlab.data.tokenizer import EOT
 from normlab.probe.table import read_csv
 from normlab.training.checkpoint_files import verify

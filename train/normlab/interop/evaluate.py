@@ -65,7 +65,7 @@ def plan(path: Path) -> Subject:
 
 def held_out_split(name: str, data_dir: Path, vocab_size: int) -> tuple[Path, str]:
     """The prepared folder and held-out split of perplexity_<name>, checked."""
-    from normlab.data.datamodule import verify_prepared
+    from normlab.data.corpus import verify_prepared
 
     folder = data_dir / name
     if not name or not (folder / "meta.json").is_file():

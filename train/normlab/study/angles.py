@@ -81,7 +81,7 @@ def checked_seq_len(cfg: DictConfig, path: Path, context: int, context_name: str
 
 def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
     """A local Hugging Face model directory, its probe windows in the model's own tokens."""
-    from normlab.data.datamodule import load_probe
+    from normlab.data.corpus import load_probe
 
     model_type, config = pretrained.model_config(path)
     seq_len = checked_seq_len(cfg, path, *pretrained.context(config))
@@ -95,7 +95,7 @@ def plan_hugging_face(path: Path, cfg: DictConfig) -> Analysis:
 def normlab_probe(checkpoint: Path, path: Path, cfg: DictConfig) -> tuple[dict, torch.Tensor]:
     """The run config a normlab checkpoint carries, and the probe windows of `cfg` for its model (seq_len checked
     against its context; `path`: what the user named, for the error)."""
-    from normlab.data.datamodule import load_probe
+    from normlab.data.corpus import load_probe
 
     config = loader.saved_config(loader.read_checkpoint(checkpoint))
     seq_len = checked_seq_len(cfg, path, config["model"]["block_size"], "model.block_size")

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 
 from normlab.common.errors import ConfigError
-from normlab.data.datamodule import load_probe
+from normlab.data.corpus import load_probe
 from normlab.data.tokenizer import EOT
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites, stat_rows
