@@ -31,7 +31,7 @@ demo: data/embedded/meta.json
 
 test: $(VENV)/.installed
 	bash slurm/local_cluster.sh || echo "warning: no one-node Slurm cluster (needs root and apt-get): tests/test_slurm.py cannot run"
-	$(BIN)/pytest -n 2 --dist loadfile
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 clean-demo:
 	rm -rf checkpoints/demo
