@@ -25,6 +25,9 @@ StateSaveLocation=/var/spool/slurmctld
 SlurmdSpoolDir=/var/spool/slurmd
 ReturnToService=2
 MpiDefault=none
+# A requeued job may start again only once its old credential has expired: cred_expire seconds (120 by default) after
+# the requeue. Starting it sooner (scontrol update StartTime=now) gets it killed: "Job credential revoked".
+AuthInfo=cred_expire=20
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 CONF
