@@ -86,12 +86,16 @@ def make_run(root: Path, name: str, norm: str = "layernorm", seed: int = 0, loss
     return run_dir
 
 
-def write_ablation(run_dir: Path, delta: float, low: float, high: float) -> None:
-    """ablation.csv as normlab-ablate writes it for an RMS run: its inputs centred at one norm, and at all."""
-    rows = [{"site": "layer00.attn_norm", "layer": 0, "role": "attn_norm", "delta": delta / 2, "ci_low": low / 2,
-             "ci_high": high / 2},
+def write_ablation(run_dir: Path, delta: float, low: float, high: float, site_delta: float | None = None,
+                   step: int = 10, **columns) -> None:
+    """ablation.csv as normlab-ablate writes it for an RMS run: its inputs centred at one norm (`site_delta`, default
+    delta / 2), and at all."""
+    site = delta / 2 if site_delta is None else site_delta
+    rows = [{"site": "layer00.attn_norm", "layer": 0, "role": "attn_norm", "delta": site, "ci_low": site - 0.001,
+             "ci_high": site + 0.001},
             {"site": "all", "layer": "", "role": "", "delta": delta, "ci_low": low, "ci_high": high}]
-    write_csv(run_dir / "ablation.csv", [{"step": 10, "ablation": "centred", **r} for r in rows], ABLATION_COLUMNS)
+    write_csv(run_dir / "ablation.csv", [{"step": step, "ablation": "centred", **r, **columns} for r in rows],
+              ABLATION_COLUMNS + list(columns))
 
 
 def report(*args: str) -> None:
@@ -133,7 +137,8 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
 
     summary = (tmp_path / "out/summary.md").read_text()
     # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248
-    assert "| tiny† | rmsnorm | 3 | 10 | vs layernorm: +0.0200 [-0.0048, +0.0448], 3 pairs, includes 0 |" in summary
+    assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
+            "(t over 3 seeds), includes 0; above 0 in 3 of 3 seeds |") in summary
     assert ("| rmsnorm − layernorm (the bias differs too) | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | +0.0200 "
             "| 0.0100 | [-0.0048, +0.0448] | no |") in summary
     assert "| tiny-rmsnorm-seed3 | rmsnorm | 3 |" in summary and "| 6 of 10 |" in summary
@@ -142,15 +147,39 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
     assert "9.9" not in summary
     # the final norm's input at 91 degrees: 1 / (7.16 / sqrt(10000)) = +14.0 null sds of independent tokens (‡)
-    assert ("| +14.0 (final, 91.00°)‡ | 0.0500 (final; null 1/d = 0.0156) | centred: +0.0123 [+0.0100, +0.0146]; "
-            "2 runs not ablated |") in summary
+    assert ("| +14.0 (final, 91.00°)‡ | 0.0500 (final; null 1/d = 0.0156) | centred: +0.0123 [+0.0100, +0.0146] "
+            "(bootstrap over windows); 2 runs not ablated |") in summary
     assert f"not run (normlab-ablate model_path={sweep / 'tiny-layernorm-seed0'})" in summary
     assert "‡ null sd of a mean over independent tokens" in summary and "† demo scale: not evidence" in summary
-    assert "every reader of the residual stream is a norm layer" in summary
+    # no sentence claims more than its statistic: an interval is not seed agreement, a failure to reject is no proof
+    # and an inference-time ablation says nothing about training
+    text = " ".join(summary.split())  # the sentences, whatever their line breaks
+    for overclaim in ("seeds agree on which norm", "the centring does no work", "no more special than a random"):
+        assert overclaim not in text
+    assert "not that every seed agrees" in text and "not that the norms are equal" in text
+    assert "does not say whether centring helped training" in text
     for figure in ("loss", "loss_difference", "angles_by_layer", "references", "angles_training", "ablation"):
         assert (tmp_path / f"out/{figure}_tiny.pdf").read_bytes()[:5] == b"%PDF-"
         assert f"({figure}_tiny.png)" in summary
     assert png_width(tmp_path / "out/loss_tiny.png") == 7.2 * 300  # print resolution
+
+
+def test_the_ablation_of_several_seeds_gives_a_t_interval_over_seeds_each_seed_and_its_sign_changes(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)
+        make_run(tmp_path / "sweep", f"rms-seed{seed}", "rmsnorm", seed, 3.01)
+    write_ablation(tmp_path / "sweep/rms-seed0", 0.01, 0.008, 0.012, site_delta=0.004)
+    write_ablation(tmp_path / "sweep/rms-seed1", 0.03, 0.025, 0.035, site_delta=-0.002, step=8,
+                   resampling_unit="blocks of 4096 tokens")
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    # 0.01 and 0.03: mean 0.02, sd 0.01414, half-width 12.7062 x 0.01414 / sqrt 2 = 0.1271; seed 1 ablated at step 8
+    assert ("| centred: +0.0200 [-0.1071, +0.1471] (t over 2 seeds) (step 8, 10); per seed: seed 0 +0.0100 "
+            "[+0.0080, +0.0120] (bootstrap over windows), seed 1 +0.0300 [+0.0250, +0.0350] (bootstrap over blocks of "
+            "4096 tokens); sign changes between seeds at 1 of 1 sites (layer00.attn_norm) |") in summary
+    assert "mean of 2 seeds" not in summary  # the range of two seeds is no interval
 
 
 def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
@@ -180,16 +209,44 @@ def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
     assert "model.lr=0.001" in by_names[("c/tiny-layernorm-seed0", "c/tiny-rmsnorm-seed0")].distinct
 
 
-def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons(tmp_path):
-    for seed in (0, 1):
-        for k, norm in enumerate(("layernorm", "rmsnorm", "layernorm_nobias", "rmsnorm_bias")):
-            make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, 3.0 + k / 100 + seed / 1000)
+def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tmp_path):
+    losses = {"layernorm": (3.000, 3.100), "rmsnorm_bias": (3.030, 3.120), "layernorm_nobias": (3.020, 3.110),
+              "rmsnorm": (3.010, 3.115)}  # per seed
+    for norm, per_seed in losses.items():
+        for seed, loss in enumerate(per_seed):
+            make_run(tmp_path / "sweep", f"{norm}-seed{seed}", norm, seed, loss)
 
-    (group,) = group_runs(find_runs([tmp_path])[0])
+    (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
     assert [(c.label, len(c.pairs)) for c in group.comparisons] == [
         ("rmsnorm_bias − layernorm (with bias)", 2), ("rmsnorm − layernorm_nobias (without bias)", 2)]
-    assert [c.interval.mean for c in group.comparisons] == [pytest.approx(0.03 - 0.00), pytest.approx(0.01 - 0.02)]
+    summary = (tmp_path / "out/summary.md").read_text()
+    # by hand: the centring's effect with a bias 0.030, 0.020 (mean 0.025, sd 0.00707: ± 12.7062 x 0.005); without
+    # -0.010, +0.005; the bias's effect -0.020, -0.010 (centred) and +0.020, +0.005 (uncentred); the interaction
+    # 0.030 - (-0.010) = 0.040 and 0.020 - 0.005 = 0.015
+    assert "### Centring × bias, paired by seed" in summary
+    assert ("| with | layernorm: 3.0500 (2 seeds) | rmsnorm_bias: 3.0750 (2 seeds) | +0.0250 [-0.0385, +0.0885] "
+            "(t over 2 seeds) |") in summary
+    assert ("| without | layernorm_nobias: 3.0650 (2 seeds) | rmsnorm: 3.0625 (2 seeds) | -0.0025 [-0.0978, +0.0928] "
+            "(t over 2 seeds) |") in summary
+    assert ("| with − without, paired by seed | -0.0150 [-0.0785, +0.0485] (t over 2 seeds) | +0.0125 [-0.0828, "
+            "+0.1078] (t over 2 seeds) | interaction (the centring's effect with a bias − without): +0.0275 [-0.1313, "
+            "+0.1863] (t over 2 seeds) |") in summary
+    assert "differ in the bias as well as in the centring" not in summary  # each comparison is the centring's alone
+
+
+def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)
+        make_run(tmp_path / "sweep", f"rms-seed{seed}", "rmsnorm", seed, 3.01 + seed / 100)
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert ("rmsnorm − layernorm (the bias differs too): these runs differ in the bias as well as in the centring"
+            in summary)
+    assert "Centring × bias" not in summary
 
 
 def test_runs_written_before_the_subpackages_group_and_pair_with_runs_written_now(tmp_path):
@@ -242,7 +299,8 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
     summary = (tmp_path / "out/summary.md").read_text()
     # the angle: (91 - 90) / 0.5 null sd
     assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°) "
-            "| 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] |") in summary
+            "| 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] "
+            "(bootstrap over windows) |") in summary
     assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
             "-14.0 (final, 89.00°)‡") in summary
     assert "not run (normlab-ablate model_path=<the model's directory>)" in summary

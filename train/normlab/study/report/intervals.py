@@ -44,7 +44,8 @@ class Interval:
     def excludes_zero(self) -> bool | None:
         return None if self.low is None else self.low > 0 or self.high < 0
 
-    def text(self) -> str:
+    def text(self, over: str = "") -> str:
+        """The mean and its interval; `over`: what was resampled ("2 seeds"), said beside the interval."""
         if self.low is None:
             return f"{self.mean:+.4f} (1 pair: no interval)"
-        return f"{self.mean:+.4f} [{self.low:+.4f}, {self.high:+.4f}]"
+        return f"{self.mean:+.4f} [{self.low:+.4f}, {self.high:+.4f}]" + (f" (t over {over})" if over else "")

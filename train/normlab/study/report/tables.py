@@ -57,6 +57,41 @@ def comparison_table(group: Group) -> str:
     return "\n".join(lines) + "\n"
 
 
+def factorial_table(group: Group) -> str:
+    """The 2x2 of centring and bias, where the group has finished runs of all four: each cell's mean final
+    validation loss over its seeds, each factor's effect paired by seed within a level of the other, and their
+    interaction (the centring's effect with a bias minus without), over the seeds every cell has."""
+    cells: dict[tuple[bool, bool], dict[tuple, Run]] = {}
+    for run in group.runs:
+        if not run.left_out:
+            cells.setdefault((run.variant.centred, run.variant.bias), {})[run.pairing] = run
+    if len(cells) < 4:
+        return ""
+    names = {key: "/".join(sorted({r.variant.name for r in runs.values()})) for key, runs in cells.items()}
+
+    def mean(key) -> str:
+        losses = [r.final_val_loss for r in cells[key].values()]
+        return f"{names[key]}: {statistics.fmean(losses):.4f} ({len(losses)} seeds)"
+
+    def effect(high: tuple, low: tuple) -> str:
+        common = sorted(cells[high].keys() & cells[low].keys())
+        interval = Interval.of([cells[high][p].final_val_loss - cells[low][p].final_val_loss for p in common])
+        return f"{interval.text(f'{interval.n} seeds')}" if common else "no common seed"
+
+    common = sorted(set.intersection(*(set(c) for c in cells.values())))
+    interaction = Interval.of([(cells[(False, True)][p].final_val_loss - cells[(True, True)][p].final_val_loss)
+                               - (cells[(False, False)][p].final_val_loss - cells[(True, False)][p].final_val_loss)
+                               for p in common]) if common else None
+    lines = ["| bias | centred | uncentred | uncentred − centred, paired by seed |", "|---|---|---|---|",
+             f"| with | {mean((True, True))} | {mean((False, True))} | {effect((False, True), (True, True))} |",
+             f"| without | {mean((True, False))} | {mean((False, False))} | {effect((False, False), (True, False))} |",
+             f"| with − without, paired by seed | {effect((True, True), (True, False))} | "
+             f"{effect((False, True), (False, False))} | interaction (the centring's effect with a bias − without): "
+             f"{interaction.text(f'{interaction.n} seeds') if interaction else 'no seed in all four cells'} |"]
+    return ("\n".join(lines) + "\n\nEach cell: the mean final validation loss of its runs; the differences are "
+            "paired by seed (same initial weights, same batches) with a t interval over the seeds.\n")
+
+
 def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
     """(task, metric) -> (step, value) of a run's normlab-eval rows, at the newest step evaluated."""
     values = {}
@@ -123,6 +158,8 @@ def group_section(group: Group, parameters: dict) -> str:
         text.append(f"*{DEMO_NOTE}.*\n")
     text += ["### Runs\n", runs_table(group, parameters), "### Final validation loss, paired by seed\n",
              comparison_table(group)]
+    if table := factorial_table(group):
+        text += ["### Centring × bias, paired by seed\n", table]
     if table := evaluation_table(group):
         text += ["### Evaluation (normlab-eval), uncentred − centred, paired by seed\n", table]
     if table := layer_table(group.series()):

@@ -1,11 +1,10 @@
 """The verdict: one row per model and norm (the paired loss difference, the largest deviation of a mean angle to 1
 from the null, the largest share along 1 and the ablation at every norm), its footnotes and how to read it."""
 
-import statistics
 from collections import defaultdict
 
 from normlab.probe.profiles import last_step, profile, runs_text, site_tick
-from normlab.study.report.groups import Group, Series, last_rows
+from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 
@@ -13,27 +12,66 @@ DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
 
 
-def ablation_cell(series: Series, command: str) -> str:
-    values = defaultdict(list)  # per ablation kind: (delta, low, high) per run
-    for rows in series.ablations:
-        for row in last_rows(rows):
+def seeds_text(count: int) -> str:
+    return f"{count} seed{'s' * (count != 1)}"
+
+
+def step_note(steps: set[int], row_steps: set[int]) -> str:
+    """Where a cell's numbers come from another step than its row's loss: say which."""
+    return "" if not steps or steps <= row_steps else f" (step {', '.join(f'{s:,}' for s in sorted(steps))})"
+
+
+def sign_changes(per_seed: list[list[dict]]) -> str:
+    """Which single sites' ablation deltas change sign between seeds (a mean over seeds hides it)."""
+    by_site: dict[str, list[float]] = defaultdict(list)
+    for rows in per_seed:
+        for row in rows:
+            if row["site"] != "all" and row.get("delta") is not None:
+                by_site[row["site"]].append(row["delta"])
+    compared = {site: deltas for site, deltas in by_site.items() if len(deltas) == len(per_seed)}
+    changed = sorted(site for site, deltas in compared.items() if min(deltas) < 0 < max(deltas))
+    if not compared:
+        return ""
+    if not changed:
+        return f"; one sign in every seed at each of {len(compared)} sites"
+    named = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"; sign changes between seeds at {len(changed)} of {len(compared)} sites ({named})"
+
+
+def ablation_cell(series: Series, command: str, row_steps: set[int] = frozenset()) -> str:
+    """Per ablation kind, the delta at every norm at once: one seed's with its bootstrap interval (and unit); over
+    several seeds the mean with a t interval over the seeds, each seed's delta and interval, and the sites whose
+    delta changes sign between seeds."""
+    runs = defaultdict(list)  # per ablation kind: (label, the row of site all, the run's rows at its newest step)
+    for label, rows in zip(series.labels, series.ablations):
+        newest = last_rows(rows)
+        for row in newest:
             if row["site"] == "all" and row.get("delta") is not None:
-                values[row.get("ablation") or ""].append((row["delta"], row.get("ci_low"), row.get("ci_high")))
-    if not values:
+                kind = row.get("ablation") or ""
+                runs[kind].append((label, row, [r for r in newest if (r.get("ablation") or "") == kind]))
+    if not runs:
         return f"not run ({command})"
     cells = []
-    for kind, runs in sorted(values.items()):
+    for kind, found in sorted(runs.items()):
         prefix = f"{kind}: " if kind else ""
-        if len(runs) == 1:
-            delta, low, high = runs[0]
-            ci = f" [{low:+.4f}, {high:+.4f}]" if low is not None and high is not None else ""
-            cells.append(f"{prefix}{delta:+.4f}{ci}")
-        else:
-            deltas = [r[0] for r in runs]
-            cells.append(f"{prefix}{statistics.fmean(deltas):+.4f} (mean of {len(deltas)} seeds, "
-                         f"{min(deltas):+.4f}..{max(deltas):+.4f})")
+        steps = step_note({row["step"] for _, row, _ in found if row.get("step") is not None}, set(row_steps))
+        per_seed = [f"{label} {bootstrap_text(row)}" for label, row, _ in found]
+        if len(found) == 1:
+            cells.append(f"{prefix}{bootstrap_text(found[0][1])}{steps}")
+            continue
+        interval = Interval.of([row["delta"] for _, row, _ in found])
+        cells.append(f"{prefix}{interval.text(seeds_text(interval.n))}{steps}; per seed: {', '.join(per_seed)}"
+                     f"{sign_changes([rows for *_, rows in found])}")
     missing = sum(1 for rows in series.ablations if not rows)
     return "; ".join(cells) + (f"; {runs_text(missing)} not ablated" if missing > 0 else "")
+
+
+def bootstrap_text(row: dict) -> str:
+    """One run's delta with its bootstrap interval and the unit that interval resampled."""
+    if row.get("ci_low") is None or row.get("ci_high") is None:
+        return f"{row['delta']:+.4f}"
+    unit = row.get("resampling_unit") or "windows"
+    return f"{row['delta']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] (bootstrap over {unit})"
 
 
 def angle_cells(series: Series) -> tuple[str, str, bool]:
@@ -55,11 +93,16 @@ VERDICT_HEADER = ("| model | norm | runs | step | val loss RMS − LN: uncentred
                   "|---|---|---:|---:|---|---|---|---|")
 
 
-def loss_text(interval: Interval) -> str:
+def loss_cell(comparison: Comparison) -> str:
+    """The paired comparison: its label (which says when the bias differs too), the mean over seeds with its t
+    interval, whether that excludes 0, and in how many seeds the difference is above 0."""
+    interval = comparison.interval
     if interval.low is None:
-        return interval.text()
+        return f"{comparison.label}: {interval.text()}"
     verdict = "**excludes 0**" if interval.excludes_zero else "includes 0"
-    return f"{interval.text()}, {interval.n} pairs, {verdict}"
+    above = sum(d > 0 for d in comparison.differences)
+    return (f"{comparison.label}: {interval.text(seeds_text(interval.n))}, {verdict}; above 0 in {above} of "
+            f"{interval.n} seeds")
 
 
 def verdict_rows(group: Group) -> list[str]:
@@ -74,9 +117,9 @@ def verdict_rows(group: Group) -> list[str]:
             loss = "reference" if any(c.centred == variant.name for c in group.comparisons) else "no pair"
         else:
             found = [c for c in group.comparisons if c.uncentred == variant.name]
-            loss = f"vs {found[0].centred}: {loss_text(found[0].interval)}" if found else "no pair"
+            loss = loss_cell(found[0]) if found else "no pair"
         deviation, share, _ = angle_cells(s)
-        ablation = ablation_cell(s, f"normlab-ablate model_path={runs[0].dir}")
+        ablation = ablation_cell(s, f"normlab-ablate model_path={runs[0].dir}", set(steps))
         rows.append(f"| {model} | {variant.name} | {len(runs)} | {', '.join(f'{x:,}' for x in steps)} | {loss} | "
                     f"{deviation} | {share} | {ablation} |")
     left_out = [r for r in group.runs if r.left_out]
@@ -92,22 +135,29 @@ def pretrained_row(model: Pretrained) -> str:
     source = next((r.get("source") for r in model.angles if r.get("source")), "<the model's directory>")
     step = last_step(model.angles)
     return (f"| {model.name} (pretrained) | {s.norm} | 1 | {step:,} | pretrained: no loss comparison | {deviation} | "
-            f"{share} | {ablation_cell(s, f'normlab-ablate model_path={source}')} |")
+            f"{share} | {ablation_cell(s, f'normlab-ablate model_path={source}', {step})} |")
 
 
 HOW_TO_READ = """\
-How to read it: each row is one model size and norm; runs of one size differ only in the norm and the seed, and an
-LN and an RMS run of the same seed start from the same weights and see the same batches. The loss column is the
-paired difference of final validation loss, uncentred minus centred (RMS − LN), averaged over seeds with a t-based
-95% interval: an interval that excludes 0 means the seeds agree on which norm is better at this size. The angle
-column says how far the norm inputs' mean angle to 1 is from 90°, in standard deviations of the same mean angle to
-random directions (|value| ≲ 2: 1 is no more special than a random direction), and the share column how much of their
-squared norm lies along 1, which is what LayerNorm's mean subtraction removes (a random direction holds 1/d). In a
-pre-norm model every reader of the residual stream is a norm layer, so in an LN model the component along 1 is
-removed before anything reads it: the loss cannot see it, and an LN model's orthogonality to 1 is partly by
-construction; the RMS model is the informative one (if its inputs are as orthogonal to 1 as random directions, there
-is nothing for the mean subtraction to remove), and the ablation asks the trained model directly: Δ loss when LN's
-mean subtraction is removed, or RMS's inputs are centred, at every norm (≈ 0: the centring does no work there).
+How to read it. Each row is one model size and norm, at the step in its step column (a cell measured at another step
+names it); the runs of a size differ only in the norm and the seed, and the runs of one seed start from the same
+weights and see the same batches.
+- Loss: the final validation loss of the uncentred run minus the centred one, one pair per seed, with a t interval
+  over the seeds (it assumes their differences are normal; with 2 seeds t = 12.7, so the interval is wide). An
+  interval that excludes 0 says the mean difference over seeds is unlikely to be 0, not that every seed agrees (the
+  count of seeds above 0 says that); one that includes 0 says these seeds cannot tell, not that the norms are equal.
+- Angle: at each norm input, the mean angle to 1 (over the probe's tokens, averaged over the seeds) against the same
+  mean taken for random directions, on the scale of what is compared (a seed average against seed averages). The
+  column names the most extreme of all sites; p is the share of random directions whose own most extreme site is at
+  least as far out, so it accounts for choosing the largest of many sites. A small p says 1 is special among
+  directions; a large one says this probe cannot tell 1 from a random direction, not that it is one.
+- Share: how much of the inputs' squared norm lies along 1, which is what a mean subtraction removes (a random
+  direction holds 1/d). In an LN model nothing reads the residual stream before a norm removes that component, so
+  the loss cannot see it and its angles are partly so by construction: the RMS rows are the informative ones.
+- Ablation: the change of loss when, at inference, LN's mean subtraction is removed or RMS's inputs are centred at
+  every norm. It asks whether this trained model relies on its centring (or would tolerate one); it does not say
+  whether centring helped training, which is the loss column's question. One seed: a bootstrap interval over the
+  probe (its unit named); several: a t interval over the seeds, each seed's own, and where their signs differ.
 """
 
 
@@ -115,6 +165,12 @@ def footnotes(groups: list[Group], pretrained: list[Pretrained]) -> str:
     notes = []
     if any(g.model in DEMO_MODELS for g in groups):
         notes.append(f"† {DEMO_NOTE}.")
+    both = sorted({c.label for g in groups for c in g.comparisons if c.bias is None})
+    if both:
+        notes.append(f"{', '.join(both)}: these runs differ in the bias as well as in the centring (LayerNorm has a "
+                     "bias β, RMSNorm none), so the difference is not the centring's alone. The sweep "
+                     "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
+                     "table below the verdict).")
     series = [s for g in groups for s in g.series()] + [s for m in pretrained for s in m.series()]
     if any(not angle_cells(s)[2] for s in series):
         notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files have "
