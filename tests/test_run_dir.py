@@ -1,6 +1,6 @@
 """The run directory's claim: one process per run directory, a stale claim taken over, never a live one; the
-CSV tables' torn rows; a run written before normlab had subpackages resumed. Real files, real processes, the real
-one-node Slurm cluster (`make test` starts it)."""
+CSV tables' torn rows; a run written before normlab had subpackages resumed; the checkpoint schedule's steps. Real
+files, real processes, the real one-node Slurm cluster (`make test` starts it)."""
 
 import fcntl
 import json
@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, state, wait
 from normlab.common.paths import MOVED_TARGETS
-from normlab.training.checkpoint_files import write_checkpoint
+from normlab.training.checkpoint_files import checkpoint_steps, write_checkpoint
 from normlab.training.claim import Claim, process_start, this_process
 from normlab.training.run_files import RunDirError
 from normlab.training.run_tables import read_table
@@ -223,3 +223,11 @@ def test_a_run_written_before_the_subpackages_resumes(prepared, tmp_path):
     assert f"resuming {run} from checkpoints/previous.ckpt at step 4" in result.stderr
     assert [r["step"] for r in read_table(run / "metrics.csv")[1] if r["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
     assert "_target_: normlab.training.run_dir.RunDirectory" in (run / "config.yaml").read_text()
+
+
+def test_the_schedule_always_ends_at_the_final_step():
+    assert checkpoint_steps(150, 100, 1000, 1000) == [0, 100, 150]  # the audit's run: its angles were of step 100
+    assert checkpoint_steps(200, 100, 1000, 1000) == [0, 100, 200]  # a multiple: nothing added
+    paper = checkpoint_steps(25_500, 1000, 10_000, 10_000)
+    assert paper == [0, *range(1000, 10_001, 1000), 20_000, 25_500]
+    assert checkpoint_steps(6, 4, 4, 100, extra=(5,)) == [0, 4, 5, 6]

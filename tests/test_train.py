@@ -119,6 +119,43 @@ def test_angles_csv_holds_every_layer_site_and_reference_at_step_0_and_every_che
     assert all(0 <= r["null_percentile"] <= 100 and r["null_random_std_deg"] > 0 for r in angles)
 
 
+def test_a_final_step_off_the_schedule_gets_its_checkpoint_and_angles_and_an_older_finished_run_is_left_alone(
+    prepared, tmp_path
+):
+    """trainer.max_steps=6 with scheduled checkpoints every 4 steps: 0, 4 and 6, the final weights measured too, so
+    that the run's last loss and last angles are of one step. A run written before the final step was scheduled
+    (no step-6 checkpoint, no step-6 angle rows) is finished: requeued, it does nothing, tries to measure nothing."""
+    overrides = [*FAST_TRAIN, "callbacks.scheduled_checkpoints.every=4",
+                 "callbacks.scheduled_checkpoints.sparse_every=100", f"run_dir={tmp_path}"]
+    result = run_cli("normlab-train", *overrides)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step-*.ckpt")) == [
+        "step-0000000.ckpt", "step-0000004.ckpt", "step-0000006.ckpt"]
+    assert verify(checkpoints / "step-0000006.ckpt").step == verify(checkpoints / "last.ckpt").step == 6
+    final = torch.load(checkpoints / "step-0000006.ckpt", weights_only=False)["state_dict"]
+    last = torch.load(checkpoints / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.equal(final[k], last[k]) for k in last)  # the weights the run ends with
+    rows = read_csv(tmp_path / "angles.csv")
+    by_step = {s: [r for r in rows if r["step"] == s] for s in (0, 4, 6)}
+    assert sorted({r["step"] for r in rows}) == [0, 4, 6]
+    assert len(by_step[6]) == len(by_step[4]) == len(by_step[0])
+    assert [r["mean_deg"] for r in by_step[6]] != [r["mean_deg"] for r in by_step[4]]  # two more steps of training
+
+    (checkpoints / "step-0000006.ckpt").unlink()  # as a run trained before the final step was scheduled
+    (checkpoints / "step-0000006.ckpt.json").unlink()
+    header, *lines = (tmp_path / "angles.csv").read_text().splitlines()
+    step = header.split(",").index("step")
+    (tmp_path / "angles.csv").write_text("\n".join([header, *(x for x in lines if x.split(",")[step] != "6")]) + "\n")
+    before = snapshot(tmp_path)
+    again = run_cli("normlab-train", *overrides)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{tmp_path} is finished (step 6 of 6): nothing to do" in again.stdout
+    assert "angles.csv" not in again.stderr  # no attempt to measure a step whose checkpoint never existed
+    assert {p: b for p, b in snapshot(tmp_path).items() if not p.name.endswith(".yaml")} == {
+        p: b for p, b in before.items() if not p.name.endswith(".yaml")}
+
+
 def test_lr_schedule_warms_up_linearly_then_decays_to_ten_percent():
     assert [lr_factor(s, 4, 100, 0.1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_factor(4, 4, 100, 0.1) == 1.0

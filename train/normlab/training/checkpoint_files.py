@@ -22,15 +22,18 @@ VERIFY_PROGRESS_BYTES = 1 << 30  # show a progress bar when verifying checkpoint
 
 def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every: int, extra=()) -> list[int]:
     """Step 0, every `every` steps up to `dense_until`, then every `sparse_every` steps up to max_steps
-    (the paper: 1K..10K every 1K, then every 10K), plus any `extra` steps."""
-    steps = {0, *extra, *range(every, min(dense_until, max_steps) + 1, every)}
+    (the paper: 1K..10K every 1K, then every 10K), plus any `extra` steps, and max_steps itself whatever the
+    intervals: the final weights always get a scheduled checkpoint and angle rows (max_steps=150 with every=100:
+    0, 100, 150), so that a run's last loss and its last angles are of the same step."""
+    steps = {0, max_steps, *extra, *range(every, min(dense_until, max_steps) + 1, every)}
     steps.update(range(sparse_every * (dense_until // sparse_every + 1), max_steps + 1, sparse_every))
     return sorted(s for s in steps if 0 <= s <= max_steps)
 
 
 class CheckpointSchedule:
     """Which checkpoints a run saves in `folder`, after the validation that follows an optimizer step: the scheduled
-    `step-NNNNNNN.ckpt` of checkpoint_steps (model weights and config, or the full state with contents="full"),
+    `step-NNNNNNN.ckpt` of checkpoint_steps, the final step among them (model weights and config, or the full state
+    with contents="full"),
     and last.ckpt after every validation. Arguments as callbacks.scheduled_checkpoints in the config."""
 
     def __init__(self, folder: Path, every: int, dense_until: int, sparse_every: int, max_steps: int,
@@ -41,7 +44,7 @@ class CheckpointSchedule:
         if contents not in ("weights", "full"):
             raise ConfigError(f"callbacks.scheduled_checkpoints.scheduled={contents}: choose weights or full")
         self.steps = set(checkpoint_steps(max_steps, every, dense_until, sparse_every, extra_steps))
-        off = sorted(s for s in self.steps | {max_steps} if s % val_check_interval)
+        off = sorted(s for s in self.steps if s % val_check_interval)  # max_steps among them
         if off:
             raise ConfigError(
                 f"checkpoint step {off[0]} is not a validation step (trainer.val_check_interval="

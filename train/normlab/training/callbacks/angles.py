@@ -21,8 +21,9 @@ from normlab.training.run_files import RunDirError, warn
 
 
 class AngleCallback(L.Callback):
-    """The angle study during training: at step 0 and at every checkpoint step, runs the probe set through
-    the model (eval mode, no grad, windows split across DDP ranks and the statistics merged), puts the per-layer
+    """The angle study during training: at step 0, at every checkpoint step and at the final step (trainer.max_steps,
+    scheduled whatever the intervals: checkpoint_steps), runs the probe set through the model (eval mode, no grad,
+    windows split across DDP ranks and the statistics merged), puts the per-layer
     statistics into <run_dir>/angles.csv (through the run directory) and logs them to wandb (scalars and a table).
     When a run starts or resumes, the rows of earlier checkpoint steps that angles.csv lacks (lost with a damaged
     file) are measured again from the scheduled checkpoints. The probe set is loaded (and checked) when the
@@ -63,7 +64,10 @@ class AngleCallback(L.Callback):
 
     def on_train_start(self, trainer, pl_module):
         """Measure the checkpoint steps up to this one that angles.csv lacks: step 0 of a fresh run, the current
-        step of a run resumed from a scheduled checkpoint, rows lost with a damaged angles.csv."""
+        step of a run resumed from a scheduled checkpoint, rows lost with a damaged angles.csv. The final step, the
+        one scheduled step a run written before it was scheduled lacks, is never among them: a run resumed at
+        trainer.max_steps is finished and does not train (nor start this), and one resumed before it measures it
+        when it gets there; trainer.max_steps identifies the run, so no resume moves it."""
         missing = None
         if trainer.is_global_zero:
             rows_per_step = len(stat_rows(norm_sites(pl_module.model, "normlab")))
