@@ -1,37 +1,47 @@
-"""The report's figures beside the per-layer one (probe/figure.py): the uncentred runs' reference comparison, the
-angles across training, the loss curves, the paired loss differences and the ablation, each as PDF and PNG, with the
-same axes, colours and legends; and which figures a group of runs or a pretrained model gets."""
+"""The report's figures beside the per-layer one (probe/figure.py): the loss curves with the paired difference of
+validation loss along training, the paired final validation loss, the uncentred runs' reference comparison, the
+angles across training and the ablation, with the same colours, markers and legends and a title that names the
+step; and which figures a group of runs or a pretrained model gets, each as PDF and PNG. The `*_figure` functions
+build a matplotlib Figure (None where there is nothing to draw); draw_group and draw_pretrained save them."""
 
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from normlab.probe.figure import (
-    NORM_MARKERS,
+    HATCHES,
+    SEED_LINES,
+    SEED_MARKERS,
+    angles_by_layer_figure,
     legend_below,
     norm_color,
     null_bands,
     offsets,
-    plot_angles_by_layer,
     save,
     site_axis,
+    steps_title,
 )
-from normlab.probe.profiles import ROLE_TICKS, profile, site_key, site_sort, step_text
+from normlab.probe.profiles import ROLE_TICKS, profile, runs_text, site_key, site_sort
 from normlab.probe.table import REFERENCES
-from normlab.study.report.groups import Group, Series, last_rows
+from normlab.study.report.groups import Comparison, Group, Series, last_rows
+from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 
 STYLE = {"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 6.5, "axes.labelsize": 8, "pdf.fonttype": 42}
-REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random a~ (norm √d)",
-                    "random_b": "random b~ (norm √d/2)"}
+REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction a~ (length √d)",
+                    "random_b": "random direction b~ (length √d/2: a second random direction, as an angle "
+                                "ignores length)"}
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
+DIFFERENCE_LABEL = "val loss, uncentred − centred\n(nats/token; > 0: centring helps)"
 
 
-def plot_references(title: str, series: list[Series], out: Path, name: str) -> str | None:
-    """The a~/b~ comparison: per norm, the angle of the norm inputs to 1 beside random a~ (same norm as 1) and b~
-    (another norm): is 1 special, and does a reference's norm matter?"""
+def references_figure(title: str, series: list[Series]) -> Figure | None:
+    """Per norm, at the norm inputs, the angle to 1 beside the angles to two random directions a~ and b~ (b~ is
+    half as long, which an angle cannot see: it is a second random direction), against the null band: what an
+    unremarkable direction looks like, to judge 1's angle by."""
     profiles = {(s.norm, ref): profile(s.angles, "input", ref) for s in series for ref in REFERENCES}
     keys = sorted({k for p in profiles.values() for k in p}, key=site_sort)
     if not keys:
@@ -49,19 +59,20 @@ def plot_references(title: str, series: list[Series], out: Path, name: str) -> s
                         capsize=1.5, lw=0.8, color=REFERENCE_COLORS[reference], label=REFERENCE_LABELS[reference])
         ax.set_title(f"{s.norm}: norm inputs")
         site_axis(ax, keys)
-    axes[0][0].set_ylabel("angle (degrees): mean, ± std over tokens")
-    legend_below(fig, axes[0])
-    fig.suptitle(f"{title}: the uniform vector beside random references, step {step_text(profiles.values())}")
-    return save(fig, out, name)
+    axes[0][0].set_ylabel("angle (degrees): mean, bars ± std over tokens")
+    legend_below(fig, axes[0], ncols=1)
+    steps = {step for p in profiles.values() for point in p.values() for step in point.steps}
+    fig.suptitle(f"{title}: the angle to 1 beside two random directions, {steps_title(steps)}")
+    return fig
 
 
 def thousands(value, _position=None) -> str:
     return f"{value / 1000:g}K" if abs(value) >= 1000 else f"{value:g}"
 
 
-def plot_angles_training(title: str, series: list[Series], out: Path, name: str) -> str | None:
+def angles_training_figure(title: str, series: list[Series]) -> Figure | None:
     """The paper's across-training figure: per norm input, the angle to 1 at every measured step (symlog steps:
-    0, then 1K..10K and 20K..100K evenly), every norm overlaid."""
+    0, then 1K..10K and 20K..100K evenly), every norm overlaid; None for fewer than two measured steps."""
     steps = sorted({r["step"] for s in series for rows in s.angles for r in rows})
     if len(steps) < 2:
         return None
@@ -74,15 +85,17 @@ def plot_angles_training(title: str, series: list[Series], out: Path, name: str)
                              squeeze=False, layout="constrained")
     linthresh = min(s for s in steps if s > 0)
     for i, (ax, key) in enumerate(zip(axes.flat, keys)):
-        for s, dx in zip(series, offsets(len(series))):
+        for k, (s, dx) in enumerate(zip(series, offsets(len(series)))):
             points = [(step, by_step[(s.norm, step)][key]) for step in steps if key in by_step[(s.norm, step)]]
             if not points:
                 continue
             xs, values = zip(*points)
-            null_bands(ax, list(xs), list(values), norm_color(s.norm, norms), s.norm, per_site=False)
+            null_bands(ax, list(xs), list(values), norm_color(s.norm, norms), s.norm, per_site=False,
+                       hatch=HATCHES[k % len(HATCHES)])
             shifted = [x * 10 ** (0.15 * dx) if x > 0 else dx * linthresh for x in xs]  # bars side by side
             ax.errorbar(shifted, [p.mean for p in values], yerr=[p.token_sd for p in values], fmt="o-", ms=2, lw=0.8,
-                        capsize=1, color=norm_color(s.norm, norms), label=s.norm)
+                        capsize=1, color=norm_color(s.norm, norms),
+                        label=f"{s.norm}: mean of {runs_text(len(s.angles))}, bars ± std over tokens")
         ax.set_xscale("symlog", linthresh=linthresh)
         if len(steps) <= 6:
             ax.set_xticks(steps)
@@ -95,9 +108,9 @@ def plot_angles_training(title: str, series: list[Series], out: Path, name: str)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
     legend_below(fig, axes.flat)
-    fig.supylabel("angle to 1 (degrees): mean, ± std over tokens")
-    fig.suptitle(f"{title}: the norm inputs' angle to 1 during training")
-    return save(fig, out, name)
+    fig.supylabel("angle to 1 (degrees)")
+    fig.suptitle(f"{title}: the norm inputs' angle to 1 during training ({steps_title(steps)})")
+    return fig
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -108,34 +121,84 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_losses(group: Group, out: Path, name: str) -> str:
-    """Training and validation loss of every run of the group, the norms overlaid (unfinished runs marked)."""
-    norms = [v.name for v in group.variants()]
-    fig, (ax_train, ax_val) = plt.subplots(1, 2, figsize=(7.2, 3.4), sharey=True, layout="constrained")
-    window, seeds = 10, sorted({r.seed for r in group.runs})
+def paired_validation(comparison: Comparison) -> tuple[list[int], list[list[float]]]:
+    """The validation steps (optimizer steps done) that every run of the comparison logged, and per pair (seed) the
+    uncentred − centred validation loss at each of them."""
+    losses = [[dict(run.metrics.get("val/loss", [])) for run in pair] for pair in comparison.pairs]
+    logged = sorted(set.intersection(*[set(loss) for pair in losses for loss in pair]))
+    return [s + 1 for s in logged], [[uncentred[s] - centred[s] for s in logged] for centred, uncentred in losses]
+
+
+def seed_style(seeds: list[int], seed: int) -> dict:
+    """The line style and marker of a seed, the same in every panel of a figure."""
+    k = seeds.index(seed)
+    return {"ls": SEED_LINES[k % len(SEED_LINES)], "marker": SEED_MARKERS[k % len(SEED_MARKERS)]}
+
+
+def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
+    """One comparison's paired difference of validation loss along training: each seed's (grey, its line style and
+    marker), their mean (black) and its t 95% interval over the seeds (grey band), the final step annotated."""
+    steps, differences = paired_validation(comparison)
+    ax.axhline(0, color="black", lw=0.6)
+    if not steps:
+        ax.set_title(f"{comparison.label}, paired by seed")
+        ax.text(0.5, 0.5, "no validation step common to all its runs", transform=ax.transAxes, ha="center")
+        return
+    for (centred, _), values in zip(comparison.pairs, differences):
+        ax.plot(steps, values, color="tab:gray", lw=0.7, ms=2.5, label=f"seed {centred.seed}: its pair's difference",
+                **seed_style(seeds, centred.seed))
+    intervals = [Interval.of(list(at)) for at in zip(*differences)]
+    n, final = len(differences), intervals[-1]
+    over = f"{n} seed{'s' * (n > 1)}"
+    ax.plot(steps, [i.mean for i in intervals], color="black", lw=1.2,
+            label=f"mean over {over}" if n > 1 else "the one pair: no interval")
+    if n > 1:
+        ax.fill_between(steps, [i.low for i in intervals], [i.high for i in intervals], color="black", alpha=0.15,
+                        lw=0, label=f"t 95% interval over {over}")
+    ax.plot([steps[-1]], [final.mean], "D", color="black", ms=4, label="the final step (its mean in the title)")
+    ax.set_title(f"{comparison.label}, paired by seed\nstep {steps[-1]:,}: {final.text(over)}")
+
+
+def losses_figure(group: Group) -> Figure:
+    """Training and validation loss of every run of the group on axes of their own (colour: norm, line style and
+    marker: seed; unfinished runs and replicates labelled), and below them, per comparison, the paired difference
+    of validation loss at each validation step (draw_differences)."""
+    norms, seeds = [v.name for v in group.variants()], sorted({r.seed for r in group.runs})
+    panels = max(1, len(group.comparisons))
+    mosaic = [["train"] * panels + ["val"] * panels]
+    if group.comparisons:  # each under half of the row above
+        mosaic.append([f"difference {i}" for i in range(panels) for _ in range(2)])
+    fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 3.4 + 2.6 * (len(mosaic) - 1)), layout="constrained")
+    window = 10
     for run in group.runs:
-        color, style = norm_color(run.variant.name, norms), ("-", "--", ":", "-.")[seeds.index(run.seed) % 4]
+        style = {"color": norm_color(run.variant.name, norms), "lw": 0.8, "ls": seed_style(seeds, run.seed)["ls"]}
         label = f"{run.variant.name} seed {run.seed}" + (" (left out)" if run.left_out else "")
         if run.metrics.get("train/loss"):
             steps, losses = zip(*run.metrics["train/loss"])
             window = max(10, len(losses) // 200)
-            ax_train.plot(steps, smooth(list(losses), window), color=color, ls=style, lw=0.8, label=label)
+            axes["train"].plot(steps, smooth(list(losses), window), label=label, **style)
         if run.metrics.get("val/loss"):
             steps, losses = zip(*run.metrics["val/loss"])
-            ax_val.plot([s + 1 for s in steps], losses, "o", ls=style, color=color, ms=2, lw=0.8, label=label)
-    ax_train.set(title=f"training loss (moving average of {window} steps)", xlabel="optimizer step",
-                 ylabel="cross-entropy (nats/token)")
-    ax_val.set(title="validation loss", xlabel="optimizer step")
-    for ax in (ax_train, ax_val):
+            axes["val"].plot([s + 1 for s in steps], losses, ms=2, label=label,
+                             marker=seed_style(seeds, run.seed)["marker"], **style)
+    axes["train"].set(title=f"training loss (moving average of {window} steps)", ylabel="cross-entropy (nats/token)")
+    axes["val"].set(title="validation loss (its own y axis)", ylabel="cross-entropy (nats/token)")
+    for i, comparison in enumerate(group.comparisons):
+        draw_differences(axes[f"difference {i}"], comparison, seeds)
+        axes[f"difference {i}"].set_ylabel(DIFFERENCE_LABEL)
+    for ax in axes.values():
+        ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(thousands))
-    legend_below(fig, [ax_val])
-    fig.suptitle(group.title)
-    return save(fig, out, name)
+    legend_below(fig, [axes["val"], *axes.values()], ncols=3)  # the runs' handles with the seed's marker
+    last = steps_title(run.val_step for run in group.runs)
+    fig.suptitle(f"{group.title}: loss by optimizer step (last validation: {last})")
+    return fig
 
 
-def plot_loss_differences(group: Group, out: Path, name: str) -> str | None:
-    """Per comparison: each seed's paired difference of final validation loss, their mean and its 95% CI."""
+def loss_differences_figure(group: Group) -> Figure | None:
+    """Per comparison: each seed's paired difference of final validation loss, their mean and its t 95% interval
+    over the seeds (none for one pair); None without a comparison."""
     comparisons = group.comparisons
     if not comparisons:
         return None
@@ -143,62 +206,69 @@ def plot_loss_differences(group: Group, out: Path, name: str) -> str | None:
     for x, comparison in enumerate(comparisons):
         differences, interval = comparison.differences, comparison.interval
         xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
-        ax.plot(xs, differences, "o", ms=3, color="tab:gray", label="one seed's pair" if x == 0 else None)
+        ax.plot(xs, differences, "o", ms=3, color="tab:gray", label="one seed's pair (its seed beside it)")
         for xi, (centred, _), value in zip(xs, comparison.pairs, differences):
             ax.annotate(f"{centred.seed}", (xi, value), fontsize=5, xytext=(2, 2), textcoords="offset points")
-        low, high = (interval.low, interval.high) if interval.low is not None else (interval.mean, interval.mean)
-        ax.errorbar([x + 0.15], [interval.mean], yerr=[[interval.mean - low], [high - interval.mean]], fmt="D",
-                    ms=4, capsize=4, color="black", label="mean, 95% CI (t)" if x == 0 else None)
+        if interval.low is None:
+            ax.plot([x + 0.15], [interval.mean], "D", ms=4, color="black", label="the one pair: no interval")
+        else:
+            errors = [[interval.mean - interval.low], [interval.high - interval.mean]]
+            ax.errorbar([x + 0.15], [interval.mean], yerr=errors, fmt="D", ms=4, capsize=4, color="black",
+                        label=f"mean, t 95% interval over {interval.n} seeds")
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(comparisons)), [c.label.replace(" (", "\n(") for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
-    ax.set_ylabel("final val loss, uncentred − centred\n(nats/token; > 0: centring helps)")
+    ax.set_ylabel(DIFFERENCE_LABEL.replace("val loss", "final val loss"))
     ax.grid(alpha=0.3, axis="y")
-    legend_below(fig, [ax])
-    ax.set_title(f"{group.title}: paired by seed")
-    return save(fig, out, name)
+    legend_below(fig, [ax], ncols=1)
+    final = steps_title(run.val_step for c in comparisons for pair in c.pairs for run in pair)
+    ax.set_title(f"{group.title}\nfinal validation loss ({final}), paired by seed")
+    return fig
 
 
-def plot_ablation(title: str, series: list[Series], out: Path, name: str) -> str | None:
-    """normlab-ablate's change of loss per norm site (and all at once), with its CI, every norm and seed overlaid."""
-    drawn = [(s, label, kind, [r for r in last_rows(rows) if (r.get("ablation") or "") == kind])
-             for s in series for label, rows in zip(s.labels, s.ablations)
+def ablation_figure(title: str, series: list[Series]) -> Figure | None:
+    """normlab-ablate's change of loss per norm site (and all at once), with its CI, every norm and seed overlaid
+    (colour: norm, marker: the norm's k-th seed); None without ablation rows."""
+    drawn = [(s, k, label, kind, [r for r in last_rows(rows) if (r.get("ablation") or "") == kind])
+             for s in series for k, (label, rows) in enumerate(zip(s.labels, s.ablations))
              for kind in sorted({r.get("ablation") or "" for r in last_rows(rows)})]
     if not drawn:
         return None
     norms = [s.norm for s in series]
     keys = sorted({site_key(r) for *_, rows in drawn for r in rows}, key=site_sort)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(keys) * len(drawn) ** 0.5 + 2), 3.6), layout="constrained")
-    for (s, label, kind, rows), dx in zip(drawn, offsets(len(drawn))):
+    for (s, k, label, kind, rows), dx in zip(drawn, offsets(len(drawn))):
         rows = sorted(rows, key=lambda r: site_sort(site_key(r)))
         deltas = [r["delta"] for r in rows]
         lows = [r["ci_low"] if r.get("ci_low") is not None else r["delta"] for r in rows]
         highs = [r["ci_high"] if r.get("ci_high") is not None else r["delta"] for r in rows]
         errors = [[d - low for d, low in zip(deltas, lows)], [high - d for d, high in zip(deltas, highs)]]
         ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors,
-                    fmt=NORM_MARKERS.get(s.norm, "o"), ms=3, capsize=1.5, lw=0.8, color=norm_color(s.norm, norms),
-                    label=" ".join(filter(None, (s.norm, label, kind))))
+                    fmt=SEED_MARKERS[k % len(SEED_MARKERS)], ms=3, capsize=1.5, lw=0.8,
+                    color=norm_color(s.norm, norms), label=" ".join(filter(None, (s.norm, label, kind))))
     ax.axhline(0, color="black", lw=0.6)
     site_axis(ax, keys)
     ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
     legend_below(fig, [ax])
-    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added)")
-    return save(fig, out, name)
+    steps = steps_title(r.get("step") for *_, rows in drawn for r in rows)
+    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added)\ncheckpoints at {steps}")
+    return fig
+
 
 def draw_group(group: Group, out: Path) -> list[str]:
     series = group.series()
-    figures = [plot_losses(group, out, f"loss_{group.slug}"),
-               plot_loss_differences(group, out, f"loss_difference_{group.slug}"),
-               plot_angles_by_layer(group.title, series, out, f"angles_by_layer_{group.slug}"),
-               plot_references(group.title, series, out, f"references_{group.slug}"),
-               plot_angles_training(group.title, series, out, f"angles_training_{group.slug}"),
-               plot_ablation(group.title, series, out, f"ablation_{group.slug}")]
-    return [f for f in figures if f]
+    figures = {f"loss_{group.slug}": losses_figure(group),
+               f"loss_difference_{group.slug}": loss_differences_figure(group),
+               f"angles_by_layer_{group.slug}": angles_by_layer_figure(group.title, series),
+               f"references_{group.slug}": references_figure(group.title, series),
+               f"angles_training_{group.slug}": angles_training_figure(group.title, series),
+               f"ablation_{group.slug}": ablation_figure(group.title, series)}
+    return [f for f in (save(fig, out, name) for name, fig in figures.items()) if f]
 
 
 def draw_pretrained(model: Pretrained, out: Path) -> list[str]:
     title, series = f"{model.name} (pretrained)", model.series()
-    figures = [plot_angles_by_layer(title, series, out, f"angles_by_layer_{model.slug}"),
-               plot_references(title, series, out, f"references_{model.slug}"),
-               plot_ablation(title, series, out, f"ablation_{model.slug}")]
-    return [f for f in figures if f]
+    figures = {f"angles_by_layer_{model.slug}": angles_by_layer_figure(title, series),
+               f"references_{model.slug}": references_figure(title, series),
+               f"ablation_{model.slug}": ablation_figure(title, series)}
+    return [f for f in (save(fig, out, name) for name, fig in figures.items()) if f]

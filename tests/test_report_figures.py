@@ -1,0 +1,203 @@
+"""The report's figures read back from their matplotlib objects, on synthetic run directories with planted values
+(test_report's helpers write them as normlab-train and normlab-ablate would): the axes a number is drawn on, the
+points and bands against numbers computed by hand, the styles that tell norms and seeds apart, and the step in
+every title. No training: each test takes seconds."""
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.colors import to_rgba
+
+from normlab.probe.figure import NORM_COLORS, angles_by_layer_figure
+from normlab.study.report.figures import (
+    ablation_figure,
+    angles_training_figure,
+    loss_differences_figure,
+    losses_figure,
+    references_figure,
+)
+from normlab.study.report.groups import Group, group_runs
+from normlab.study.report.intervals import Interval
+from normlab.study.report.runs import find_runs
+from test_report import NEW_COLUMNS, angle_rows, make_run, write_ablation, write_csv
+
+FINAL_INPUT = 4  # the final norm's tick: after 0 attn, 0 MLP, 1 attn, 1 MLP (test_report's 2 layers)
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def plant_losses(run_dir: Path, val: dict[int, float], train: float = 5.0) -> None:
+    """metrics.csv of 10 optimizer steps: training loss `train` at every step, validation loss val[steps done]
+    (logged, as Lightning does, at the index of the step before)."""
+    rows = [{"step": s, "train/loss": train + s / 100} for s in range(10)]
+    rows += [{"step": done - 1, "val/loss": loss} for done, loss in val.items()]
+    write_csv(run_dir / "metrics.csv", rows, ["step", "train/loss", "val/loss"])
+
+
+def plant_angles(run_dir: Path, final_angle: float, null_sd: float, steps=(0, 10)) -> None:
+    """angles.csv with the null over random directions: every site at 90 degrees but the final norm's input."""
+    rows = [r for step in steps for r in angle_rows(step, final_angle, 0.05, null_random_sd=null_sd)]
+    write_csv(run_dir / "angles.csv", rows, NEW_COLUMNS)
+
+
+def group_of(root: Path) -> Group:
+    (group,) = group_runs(find_runs([root])[0])
+    return group
+
+
+def axis_titled(fig, start: str):
+    (ax,) = [ax for ax in fig.axes if ax.get_title().startswith(start)]
+    return ax
+
+
+def line_labelled(ax, label: str):
+    (line,) = [line for line in ax.get_lines() if line.get_label() == label]
+    return line
+
+
+def bands(ax) -> list[PolyCollection]:
+    return [c for c in ax.collections if isinstance(c, PolyCollection)]
+
+
+def errorbar_labelled(ax, label: str):
+    (container,) = [c for c in ax.containers if c.get_label() == label]
+    return container
+
+
+VAL = {("layernorm", 0): {5: 3.60, 10: 3.00}, ("rmsnorm", 0): {5: 3.65, 10: 3.02},  # differences 0.05, 0.02
+       ("layernorm", 1): {5: 3.70, 10: 3.10}, ("rmsnorm", 1): {5: 3.71, 10: 3.13}}  # and 0.01, 0.03
+
+
+def test_the_loss_figure_gives_validation_its_own_axis_and_the_paired_difference_with_its_t_band(tmp_path):
+    for (norm, seed), val in VAL.items():
+        plant_losses(make_run(tmp_path, f"{norm}-seed{seed}", norm, seed), val)
+
+    fig = losses_figure(group_of(tmp_path))
+
+    train, val = axis_titled(fig, "training loss"), axis_titled(fig, "validation loss")
+    low, high = val.get_ylim()
+    assert 2.9 < low < 3.0 and 3.71 < high < 3.8  # the validation losses, not the training ones (5.0 .. 5.09)
+    assert train.get_ylim()[0] > 4.9 and not val.get_shared_y_axes().joined(train, val)
+    difference = axis_titled(fig, "rmsnorm − layernorm (the bias differs too), paired by seed")
+    for seed, planted in ((0, [0.05, 0.02]), (1, [0.01, 0.03])):
+        line = line_labelled(difference, f"seed {seed}: its pair's difference")
+        assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
+    assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([0.03, 0.025])
+    (band,) = bands(difference)
+    assert band.get_label() == "t 95% interval over 2 seeds"
+    corners = band.get_paths()[0].vertices
+    for step, values in ((5, [0.05, 0.01]), (10, [0.02, 0.03])):
+        interval = Interval.of(values)
+        assert sorted({round(y, 9) for x, y in corners if x == step}) == pytest.approx([interval.low, interval.high])
+    final = Interval.of([0.02, 0.03])  # 0.025 +- 12.7062 x 0.00707 / sqrt 2
+    assert f"step 10: {final.text('2 seeds')}" in difference.get_title() and "[-0.0385, +0.0885]" in final.text()
+    assert "> 0: centring helps" in difference.get_ylabel() and "nats/token" in difference.get_ylabel()
+    assert "step 10" in fig.get_suptitle()
+
+
+def test_one_pair_draws_no_band_and_says_so(tmp_path):
+    for norm in ("layernorm", "rmsnorm"):
+        plant_losses(make_run(tmp_path, norm, norm), VAL[(norm, 0)])
+
+    fig = losses_figure(group_of(tmp_path))
+
+    difference = axis_titled(fig, "rmsnorm − layernorm")
+    assert bands(difference) == []
+    assert line_labelled(difference, "the one pair: no interval").get_ydata() == pytest.approx([0.05, 0.02])
+    assert "step 10: +0.0200 (1 pair: no interval)" in difference.get_title()
+
+
+def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure_names_its_step(tmp_path):
+    for norm, loss in (("layernorm", 3.0), ("rmsnorm_bias", 3.03), ("layernorm_nobias", 3.02), ("rmsnorm", 3.01)):
+        for seed in (0, 1):
+            make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, loss + seed / 10)
+    group = group_of(tmp_path)
+
+    losses, final = losses_figure(group), loss_differences_figure(group)
+
+    titles = [ax.get_title().split("\n")[0] for ax in losses.axes]
+    assert "rmsnorm_bias − layernorm (with bias), paired by seed" in titles
+    assert "rmsnorm − layernorm_nobias (without bias), paired by seed" in titles
+    (ax,) = final.axes
+    assert "final validation loss (step 10), paired by seed" in ax.get_title()
+    means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
+    assert means == pytest.approx([0.03, -0.01])  # with the bias 3.03 - 3.00 in both seeds, without 3.01 - 3.02
+
+
+def plant_seeds(root: Path, angles: dict[str, list[float]], null_sd: dict[str, float]) -> Group:
+    for norm, per_seed in angles.items():
+        for seed, angle in enumerate(per_seed):
+            plant_angles(make_run(root, f"{norm}-seed{seed}", norm, seed), angle, null_sd[norm])
+    return group_of(root)
+
+
+def test_angles_by_layer_shows_each_seeds_mean_and_null_bands_that_do_not_blend(tmp_path):
+    group = plant_seeds(tmp_path, {"layernorm": [90.5, 91.5], "rmsnorm": [92.0, 94.7]},
+                        {"layernorm": 0.4, "rmsnorm": 0.5})
+
+    fig = angles_by_layer_figure(group.title, group.series())
+
+    inputs = axis_titled(fig, "angle to 1 at the norm inputs")
+    for norm, planted in (("layernorm", [90.5, 91.5]), ("rmsnorm", [92.0, 94.7])):
+        runs = line_labelled(inputs, f"{norm}: each run's (seed's) mean")
+        at_final = [y for x, y in zip(runs.get_xdata(), runs.get_ydata()) if abs(x - FINAL_INPUT) < 0.5]
+        assert sorted(at_final) == pytest.approx(planted)
+        mean = errorbar_labelled(inputs, f"{norm}: mean of 2 runs, bars ± std over tokens").lines[0]
+        assert mean.get_ydata()[FINAL_INPUT] == pytest.approx(sum(planted) / 2)
+    layernorm, rmsnorm = bands(inputs)
+    for band, norm, sd in ((layernorm, "layernorm", 0.4), (rmsnorm, "rmsnorm", 0.5)):
+        assert band.get_label().startswith(f"null {norm}: mean angle to random directions ± 1 sd")
+        assert all(alpha == 0 for *_, alpha in band.get_facecolor())  # no translucent fill to blend
+        assert to_rgba(band.get_edgecolor()[0])[:3] == to_rgba(NORM_COLORS[norm])[:3]
+        assert sorted({round(y, 9) for _, y in band.get_paths()[0].vertices}) == pytest.approx([90 - sd, 90 + sd])
+    assert layernorm.get_hatch() != rmsnorm.get_hatch()
+    assert "bars ± std over tokens" in inputs.get_ylabel() and fig.get_suptitle().endswith("step 10")
+
+
+def test_angles_by_layer_of_one_run_draws_no_seed_markers(tmp_path):
+    plant_angles(make_run(tmp_path, "rms", "rmsnorm"), 93.0, 0.5, steps=(0, 120))
+    group = group_of(tmp_path)
+
+    fig = angles_by_layer_figure(group.title, group.series())
+
+    inputs = axis_titled(fig, "angle to 1 at the norm inputs")
+    assert [line for line in inputs.get_lines() if "each run" in line.get_label()] == []
+    assert errorbar_labelled(inputs, "rmsnorm: mean of 1 run, bars ± std over tokens").lines[0].get_ydata()[
+        FINAL_INPUT] == pytest.approx(93.0)
+    assert fig.get_suptitle().endswith("step 120")
+
+
+def test_the_references_figure_says_what_it_shows_and_names_its_step(tmp_path):
+    group = plant_seeds(tmp_path, {"layernorm": [90.5], "rmsnorm": [92.0]}, {"layernorm": 0.4, "rmsnorm": 0.5})
+
+    fig = references_figure(group.title, group.series())
+
+    labels = {label for ax in fig.axes for label in ax.get_legend_handles_labels()[1]}
+    assert "uniform vector 1" in labels and "random direction a~ (length √d)" in labels
+    assert any(label.startswith("random direction b~") and "an angle ignores length" in label for label in labels)
+    assert not any("does not matter" in label for label in labels)
+    assert fig.get_suptitle().endswith("the angle to 1 beside two random directions, step 10")
+    assert "steps 0, 10" in angles_training_figure(group.title, group.series()).get_suptitle()
+
+
+def test_the_ablation_figure_tells_seeds_of_one_norm_apart_and_names_the_steps_ablated(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path, f"ln-seed{seed}", "layernorm", seed)
+        make_run(tmp_path, f"rms-seed{seed}", "rmsnorm", seed)
+    write_ablation(tmp_path / "rms-seed0", 0.01, 0.008, 0.012)
+    write_ablation(tmp_path / "rms-seed1", 0.03, 0.025, 0.035, step=8)
+    group = group_of(tmp_path)
+
+    fig = ablation_figure(group.title, group.series())
+
+    (ax,) = fig.axes
+    seed0, seed1 = (errorbar_labelled(ax, f"rmsnorm seed {seed} centred").lines[0] for seed in (0, 1))
+    assert seed0.get_marker() != seed1.get_marker() and seed0.get_color() == seed1.get_color()
+    assert list(seed1.get_ydata()) == pytest.approx([0.015, 0.03])  # the site (delta / 2) and all at once
+    assert ax.get_title().endswith("checkpoints at steps 8, 10")
