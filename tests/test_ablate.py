@@ -1,21 +1,26 @@
 """normlab-ablate, where the answer is known: norm inputs orthogonal to 1 give a delta of 0 whichever way the norm is
 ablated, a large component along 1 a large one, LayerNorm with its centring removed is RMSNorm (and the converse);
-the bootstrap interval; Hugging Face GPT-2 and Llama; and the command itself, once."""
+the probe windows drawn across the whole split, the same for every model; the bootstrap interval, by windows and by
+blocks, on planted deltas whose interval is known; Hugging Face GPT-2 and Llama; and the command itself, once."""
 
 import csv
 from functools import partial
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
 from conftest import compose_config, run_cli
+from normlab.data.corpus import draw_windows
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm, RMSNorm
 from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.table import AnalysisError
-from normlab.study.ablate import CSV_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind
+from normlab.study.ablate import CSV_COLUMNS, EARLIER_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind, plan
 from normlab.training.checkpoint_files import write_checkpoint
+from normlab.training.pipeline import build_model
 from test_angles import orthogonal_to_1
 
 VOCAB = 200
@@ -107,6 +112,50 @@ def test_bootstrap_interval_known_answers():
     assert widths[1] == pytest.approx(2 * 1.96 / 2000**0.5, rel=0.15)
 
 
+def test_block_bootstrap_known_answers():
+    # blocks {0, 0} and {1}: two blocks drawn, means 0 (AA), 1/3 (AB, BA) and 1 (BB) with chances 1/4, 1/2, 1/4
+    deltas, blocks = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([7, 7, 9])
+    low, high = bootstrap_interval(deltas, 4000, seed=0, units=blocks)
+    assert (low.item(), high.item()) == (0.0, 1.0)
+    deltas = torch.randn(3, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    by_window = bootstrap_interval(deltas, 500, seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(by_window, bootstrap_interval(deltas, 500, 2, torch.arange(50))))
+
+
+def planted_blocks(between: float, within: float, datasets=400, blocks=40, per_block=10) -> torch.Tensor:
+    """[datasets, blocks * per_block] deltas of true mean 0: a block effect of sd `between` shared by the windows of
+    a block, plus independent noise of sd `within`."""
+    gen = torch.Generator().manual_seed(3)
+    effect = between * torch.randn(datasets, blocks, 1, generator=gen, dtype=torch.float64)
+    noise = within * torch.randn(datasets, blocks, per_block, generator=gen, dtype=torch.float64)
+    return (effect + noise).flatten(1)
+
+
+def test_block_bootstrap_covers_correlated_windows_where_the_window_bootstrap_is_too_narrow():
+    """Windows correlated within blocks (the sd of a block's effect 10x the sd within it): the sd of the mean is
+    sqrt(1/40 + 0.01/400) = 0.158, not the 0.050 that 400 independent windows would give. Each row is one planted
+    data set: the share of the 400 whose interval holds the true mean 0 is the coverage."""
+    blocks = torch.arange(400) // 10
+    deltas = planted_blocks(between=1.0, within=0.1)
+    coverage, width = {}, {}
+    for unit, units in (("window", None), ("block", blocks)):
+        low, high = bootstrap_interval(deltas, 1000, seed=1, units=units)
+        coverage[unit], width[unit] = ((low < 0) & (0 < high)).double().mean().item(), (high - low).mean().item()
+    sd = (1 / 40 + 0.01 / 400) ** 0.5
+    assert width["block"] == pytest.approx(2 * 1.96 * sd, rel=0.1)  # the percentile bootstrap runs a bit narrow
+    assert width["window"] == pytest.approx(2 * 1.96 * (1.01 / 400) ** 0.5, rel=0.1)
+    assert coverage["block"] > 0.9 and coverage["window"] < 0.6  # P(|Z| < 1.96 x 0.050 / 0.158) = 0.46
+
+
+def test_block_bootstrap_on_independent_windows_is_the_window_bootstrap():
+    blocks = torch.arange(400) // 10
+    deltas = planted_blocks(between=0.0, within=1.0)
+    (low_w, high_w), (low_b, high_b) = bootstrap_interval(deltas, 1000, 1), bootstrap_interval(deltas, 1000, 1, blocks)
+    for low, high in ((low_w, high_w), (low_b, high_b)):
+        assert (high - low).mean().item() == pytest.approx(2 * 1.96 / 400**0.5, rel=0.1)
+        assert ((low < 0) & (0 < high)).double().mean().item() > 0.9
+
+
 def test_a_norm_of_unknown_class_is_refused_in_one_line():
     site = NormSite(3, "mlp_norm", torch.nn.GroupNorm(1, 8))
     with pytest.raises(AnalysisError, match=r"^cannot ablate layer03.mlp_norm: GroupNorm is neither a LayerNorm"):
@@ -166,7 +215,9 @@ def test_a_hugging_face_directory_measured_by_main(prepared, tmp_path, capsys):
     main(compose_config("ablate", [f"model_path={tmp_path / 'tiny-gpt2'}", "probe.tokens=256", "seq_len=32",
                                    "bootstrap=50", f"paths.output_dir={tmp_path}"]))
     out = tmp_path / "ablation" / tmp_path.name / "tiny-gpt2.csv"  # <folder>/<model>.csv
-    assert capsys.readouterr().out.endswith(f"wrote {out} (6 rows, 8 windows, 248 scored tokens)\n")
+    blocks = len(torch.unique(draw_windows(88015 // 32, 8, seed=0) * 32 // 4096))  # 8 of the split's 2,750 windows
+    assert capsys.readouterr().out.endswith(
+        f"wrote {out} (6 rows, 8 windows in {blocks} blocks of 4096 tokens, 248 scored tokens)\n")
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["run"], r["model"], r["norm"], r["seed"], r["step"], r["ablation"], r["source"]) for r in rows} == {
@@ -174,27 +225,73 @@ def test_a_hugging_face_directory_measured_by_main(prepared, tmp_path, capsys):
     assert all(abs(float(r["delta"])) < 1e-5 for r in rows)  # its residual writes are orthogonal to 1
 
 
+# -- the probe windows
+
+
+def test_drawn_windows_are_seeded_sorted_distinct_and_spread_over_the_whole_split():
+    drawn = draw_windows(1000, 100, seed=0)
+    assert torch.equal(drawn, draw_windows(1000, 100, seed=0)) and not torch.equal(drawn, draw_windows(1000, 100, 1))
+    assert len(drawn) == 100 and bool((drawn.diff() > 0).all())  # sorted, no slot twice: no two windows overlap
+    assert drawn[0] < 50 and drawn[-1] > 950
+    assert torch.bincount(drawn // 250).tolist() == pytest.approx([25] * 4, abs=8)  # each quarter of the split
+    assert torch.equal(draw_windows(10, None, 0), torch.arange(10)) and torch.equal(draw_windows(10, 10, 3),
+                                                                                    torch.arange(10))
+
+
+def run_directory(folder: Path, norm: str, steps=(0,)) -> Path:
+    """A run directory whose scheduled checkpoints of `steps` hold one random tiny model (2 layers, d=32, context
+    32) of `norm`."""
+    config = compose_config("train", ["model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
+                                      f"norm={norm}"])
+    model = build_model(config)
+    model.init_weights(0)
+    weights = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for step in steps:
+        saved = {"config": OmegaConf.to_container(config, resolve=True)}
+        checkpoint = {"state_dict": weights, "hyper_parameters": saved, "global_step": step}
+        write_checkpoint(checkpoint, folder / "checkpoints" / f"step-{step:07d}.ckpt")
+    return folder
+
+
+def test_every_model_is_scored_on_the_same_windows_drawn_across_the_whole_split(prepared, tmp_path):
+    """An LN run, an RMS run and a Hugging Face GPT-2 (GPT-2's ids: no tokenizer files) get the same 64 windows of
+    the held-out split, spread from its beginning to its end, each the split's tokens where it starts."""
+    tiny_hf("gpt2", planted=0.0, vocab=50257).save_pretrained(tmp_path / "tiny-gpt2")
+    cfg = compose_config("ablate", ["model_path=x", "probe.tokens=2048", "seq_len=32", f"paths.output_dir={tmp_path}"])
+    subjects = [plan(run_directory(tmp_path / "ln", "layernorm"), cfg), plan(run_directory(tmp_path / "rms", "rmsnorm"),
+                cfg), plan(tmp_path / "tiny-gpt2", cfg)]
+    split = np.fromfile(prepared / "val.bin", dtype=np.uint16).astype(np.int64)
+    for subject in subjects:
+        assert torch.equal(subject.windows, subjects[0].windows) and torch.equal(subject.starts, subjects[0].starts)
+    windows, starts = subjects[0].windows, subjects[0].starts
+    assert windows.shape == (64, 32) and bool((starts % 32 == 0).all()) and bool((starts.diff() >= 32).all())
+    assert starts[0] < 0.05 * len(split) and starts[-1] > 0.95 * len(split)  # not the first 2,048 tokens
+    assert all(torch.equal(w, torch.from_numpy(split[s : s + 32])) for w, s in zip(windows, starts.tolist()))
+    other = plan(tmp_path / "ln", OmegaConf.merge(cfg, {"seed": 1}))
+    assert not torch.equal(other.starts, starts)
+    whole = plan(tmp_path / "ln", OmegaConf.merge(cfg, {"probe": {"tokens": None}}))
+    assert torch.equal(whole.starts, torch.arange(len(split) // 32) * 32)  # null: every window of the split
+
+
 # -- the command, end to end
 
 
 def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_path):
-    config = OmegaConf.to_container(compose_config("train", ["model.n_layer=2", "model.n_embd=32", "model.n_head=2",
-                                                             "model.block_size=32", "norm=rmsnorm_bias"]), resolve=True)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32), partial(RMSNorm, bias=True))
-    model.init_weights(0)
-    weights = {f"model.{k}": v for k, v in model.state_dict().items()}
-    checkpoints = tmp_path / "run" / "checkpoints"
-    for step in (0, 3, 5):
-        checkpoint = {"state_dict": weights, "hyper_parameters": {"config": config}, "global_step": step}
-        write_checkpoint(checkpoint, checkpoints / ("last.ckpt" if step == 5 else f"step-{step:07d}.ckpt"))
+    checkpoints = run_directory(tmp_path / "run", "rmsnorm_bias", steps=(0, 3, 5)) / "checkpoints"
+    for name in ("step-0000005.ckpt", "step-0000005.ckpt.json"):
+        (checkpoints / name).rename(checkpoints / name.replace("step-0000005", "last"))
     (checkpoints / "last.ckpt").write_bytes(b"torn")  # damaged: step 3 is the newest intact checkpoint
+    (tmp_path / "run" / "ablation.csv").write_text(",".join(EARLIER_COLUMNS) + "\n")  # written before the unit was
     result = run_cli("normlab-ablate", "model_path=run", "probe.tokens=320", "seq_len=32", "bootstrap=100",
                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "warning: " in result.stderr and "last.ckpt holds 4 bytes" in result.stderr
     summary, wrote = result.stdout.strip().splitlines()[-2:]
     assert summary.startswith("run step 3 (rmsnorm_bias), inputs centred: delta at all norms ")
-    assert wrote == "wrote run/ablation.csv (6 rows, 10 windows, 310 scored tokens)"
+    blocks = torch.unique(draw_windows(88015 // 32, 10, seed=0) * 32 // 4096)  # 10 of the split's 2,750 windows
+    assert summary.endswith(f"; 95% intervals resample {len(blocks)} blocks of 4096 tokens") and len(blocks) > 5
+    assert wrote == (f"wrote run/ablation.csv (6 rows, 10 windows in {len(blocks)} blocks of 4096 tokens, "
+                     "310 scored tokens)")
     with open(tmp_path / "run" / "ablation.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
@@ -207,6 +304,8 @@ def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_pat
         "run", "tiny", "rmsnorm_bias", "0", "3", "0", "attn_norm", "centred", "10", "310", "32")
     assert first["source"] == str((checkpoints / "step-0000003.ckpt").resolve())
     assert rows[-1]["layer"] == rows[-1]["role"] == ""
+    assert {(r["resampling_unit"], r["resampling_units"]) for r in rows} == {
+        ("blocks of 4096 tokens", str(len(blocks)))}
     for r in rows:
         assert float(r["ci_low"]) <= float(r["delta"]) <= float(r["ci_high"])
         assert float(r["ablated_loss"]) - float(r["loss"]) == pytest.approx(float(r["delta"]), abs=1e-9)
@@ -216,3 +315,15 @@ def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_pat
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "normlab-ablate: error: seq_len=64 is beyond the context of run (32 tokens, model.block_size): give at most 32"]
     assert not (tmp_path / "other.csv").exists() and (tmp_path / "run" / "ablation.csv").read_bytes() == before
+    for override, line in (("block_tokens=16", "block_tokens=16 is shorter than a window of 32 tokens (seq_len): give "
+                                               "block_tokens of at least 32"),
+                           ("probe.tokens=100000", "the probe split holds 2,750 windows of 32 tokens (88,000 tokens), "
+                                                   "fewer than the 100,000 asked: lower probe.tokens, or "
+                                                   "probe.tokens=null for all of them"),
+                           ("probe.tokens=16", "probe.tokens=16 is less than one sequence of 32 tokens: give at least "
+                                               "32, a smaller seq_len, or probe.tokens=null for the whole split")):
+        with pytest.raises(AnalysisError) as error:
+            main(compose_config("ablate", [f"model_path={tmp_path / 'run'}", "seq_len=32", f"out={tmp_path / 'o.csv'}",
+                                           override]))
+        assert str(error.value) == line
+    assert not (tmp_path / "o.csv").exists()

@@ -1,6 +1,7 @@
 """A prepared corpus read back (the files train/normlab/data/prepare.py writes): its meta.json and token files
-checked against the model that will read them, and the probe set of the angle statistics. Without Lightning, so
-that the commands that only read a corpus (normlab-angles, -ablate, -eval) start without importing it."""
+checked against the model that will read them, the probe set of the angle statistics, and the windows drawn across
+a probe split for the ablation (draw_windows). Without Lightning, so that the commands that only read a corpus
+(normlab-angles, -ablate, -eval) start without importing it."""
 
 import json
 from pathlib import Path
@@ -115,3 +116,14 @@ def load_probe(
     n = (available if tokens is None else tokens) // seq_len
     data = np.fromfile(dir / meta["splits"][split]["file"], dtype=np.uint16, count=n * seq_len)
     return torch.from_numpy(data.astype(np.int64)).view(n, seq_len)
+
+
+def draw_windows(slots: int, count: int | None, seed: int) -> torch.Tensor:
+    """Which of a split's `slots` non-overlapping windows (slot i: tokens i * seq_len to (i + 1) * seq_len) a probe
+    of `count` windows scores: a seeded random subset spread over the whole split, sorted by position (None, or as
+    many as there are: all of them). The same for every call with the same arguments, so every model scored on the
+    same probe, seq_len and seed is scored on the same windows."""
+    if count is None or count >= slots:
+        return torch.arange(slots)
+    chosen = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))[:count]
+    return chosen.sort().values

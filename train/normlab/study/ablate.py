@@ -3,8 +3,11 @@
 LayerNorm(x) = (x - mean(x) 1) / rms(x - mean(x) 1) * gamma + beta. For a LayerNorm model the probe loss is measured
 with its norms as trained and with the mean subtraction removed (x / rms(x) * gamma + beta, "uncentred"), at each norm
 site alone and at all of them at once; for an RMSNorm model the converse: the input centred before the RMSNorm
-("centred"). The difference in loss (nats/token) is paired per probe window, with a 95% percentile bootstrap interval
-over windows. Beside it stands what predicts it: the share of the squared norm of the norm's input along 1,
+("centred"). The difference in loss (nats/token) is paired per probe window. The windows are drawn at random (seeded,
+the same for every model) among all the non-overlapping windows of the probe split, and the 95% percentile bootstrap
+interval of the mean delta resamples blocks of consecutive tokens of the split (the windows that start in one block
+together): neighbouring windows of one text are correlated, so windows are not independent units. Beside the delta
+stands what predicts it: the share of the squared norm of the norm's input along 1,
 (x . 1)^2 / (d |x|^2), whose null for random directions is 1/d. A norm whose inputs are orthogonal to 1 gives a delta
 of 0 whichever way it is ablated.
 """
@@ -24,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from normlab.common import outputs
+from normlab.data.corpus import draw_windows
 from normlab.model import norms
 from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.table import AnalysisError, run_identity
@@ -31,7 +35,10 @@ from normlab.study.angles import check_positive, default_name, normlab_probe, pl
 from normlab.training import loader
 
 CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
-               "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "share_along_1", "d")
+               "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "resampling_unit", "resampling_units",
+               "share_along_1", "d")
+UNIT_COLUMNS = ("resampling_unit", "resampling_units")  # the interval's unit ("blocks of 4096 tokens") and count
+EARLIER_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in UNIT_COLUMNS)  # ablation.csv before the unit was written
 ABLATIONS = {"layernorm": "uncentred", "rmsnorm": "centred"}  # what is done to a norm of each kind
 LEVEL = 0.95  # of the bootstrap interval
 
@@ -137,15 +144,22 @@ def measure(forward: Callable, sites: list[NormSite], batches, progress=None) ->
     return torch.stack([torch.cat(row) for row in losses]), share
 
 
-def bootstrap_interval(deltas: torch.Tensor, resamples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 95% percentile bootstrap interval of the mean of each row of `deltas` [rows, windows]: the same
-    `resamples` resamples of the windows (with replacement, seeded) for every row, as counts per window."""
+def bootstrap_interval(deltas: torch.Tensor, resamples: int, seed: int,
+                       units: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 95% percentile bootstrap interval of the mean of each row of `deltas` [rows, windows], resampling units:
+    `units` [windows] names each window's unit (its block), None makes every window its own. Each resample draws as
+    many units as there are, with replacement (seeded; the same resamples for every row), and takes the mean over
+    the windows of the units drawn (a unit drawn twice counts twice; units may hold different numbers of windows)."""
     windows = deltas.shape[1]
-    picks = torch.randint(windows, (resamples, windows), generator=torch.Generator().manual_seed(seed))
-    counts = torch.zeros(resamples, windows, dtype=torch.float64).scatter_add_(
-        1, picks, torch.ones(resamples, windows, dtype=torch.float64)
+    unit_of = torch.arange(windows) if units is None else torch.unique(units, return_inverse=True)[1]
+    n = int(unit_of.max()) + 1
+    sums = torch.zeros(deltas.shape[0], n, dtype=torch.float64).index_add_(1, unit_of, deltas.double())
+    sizes = torch.zeros(n, dtype=torch.float64).index_add_(0, unit_of, torch.ones(windows, dtype=torch.float64))
+    picks = torch.randint(n, (resamples, n), generator=torch.Generator().manual_seed(seed))
+    counts = torch.zeros(resamples, n, dtype=torch.float64).scatter_add_(
+        1, picks, torch.ones(resamples, n, dtype=torch.float64)
     )
-    means = counts @ deltas.double().T / windows  # [resamples, rows]
+    means = counts @ sums.T / (counts @ sizes)[:, None]  # [resamples, rows]
     low, high = torch.quantile(means, torch.tensor([(1 - LEVEL) / 2, (1 + LEVEL) / 2], dtype=torch.float64), dim=0)
     return low, high
 
@@ -157,9 +171,11 @@ def forward_of(model: nn.Module, layout: str) -> Callable[[torch.Tensor], torch.
 
 
 def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_size: int = 8, resamples: int = 1000,
-                  seed: int = 0, device: str = "cpu", desc: str | None = None) -> list[dict]:
+                  seed: int = 0, device: str = "cpu", desc: str | None = None, blocks: torch.Tensor | None = None,
+                  unit: str = "windows") -> list[dict]:
     """The CSV rows of `model` (an architecture of probe.sites.LAYOUTS) on `windows` [n, seq_len], without the columns
-    that name the model (run, model, norm, seed, step, source)."""
+    that name the model (run, model, norm, seed, step, source). The intervals resample `blocks` [n] (each window's
+    block, named `unit` in the CSV), or each window alone when None."""
     sites = norm_sites(model, layout)
     kinds = {norm_kind(s) for s in sites}
     if len(kinds) > 1:
@@ -171,8 +187,9 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
     with tqdm(total=len(batches), desc=desc, unit="batch") as progress:
         losses, share = measure(forward_of(model, layout), sites, batches, progress)
     deltas = losses[1:] - losses[0]
-    low, high = bootstrap_interval(deltas, resamples, seed)
+    low, high = bootstrap_interval(deltas, resamples, seed, blocks)
     n, seq_len = windows.shape
+    units = n if blocks is None else len(torch.unique(blocks))
     names = [(site_name(s), s.layer, s.role) for s in sites] + [("all", "", "")]
     shares = share.shares()
     shares = torch.cat([shares, shares.mean()[None]])  # "all": the mean over sites
@@ -180,7 +197,7 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
         {"site": name, "layer": layer, "role": role, "ablation": ABLATIONS[kind], "windows": n,
          "tokens": n * (seq_len - 1), "loss": losses[0].mean().item(), "ablated_loss": losses[1 + i].mean().item(),
          "delta": deltas[i].mean().item(), "ci_low": low[i].item(), "ci_high": high[i].item(),
-         "share_along_1": shares[i].item(), "d": share.d}
+         "resampling_unit": unit, "resampling_units": units, "share_along_1": shares[i].item(), "d": share.d}
         for i, (name, layer, role) in enumerate(names)
     ]
 
@@ -194,21 +211,44 @@ class Subject:
 
     layout: str  # a key of probe.sites.LAYOUTS
     load: Callable[[], nn.Module]
-    windows: torch.Tensor  # the probe: [windows, seq_len] token ids
+    windows: torch.Tensor  # the probe: [windows, seq_len] token ids, drawn across the split (drawn_probe)
+    starts: torch.Tensor  # [windows]: where each begins in the probe split, in the model's tokens
     names: dict  # run, model, norm, seed, step, source
     out: Path  # where the CSV goes unless out= says otherwise
     warnings: list[str] = field(default_factory=list)
+
+
+def whole_split(cfg: DictConfig) -> DictConfig:
+    """`cfg` with probe.tokens=null: every window of the probe split, which drawn_probe draws from."""
+    return OmegaConf.merge(cfg, {"probe": {"tokens": None}})
+
+
+def drawn_probe(slots: torch.Tensor, tokens: int | None, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Of every non-overlapping window of the probe split in order (`slots` [slots, seq_len]), the tokens // seq_len
+    windows that draw_windows draws with `seed` (tokens None: all), and where each starts in the split."""
+    seq_len = slots.shape[1]
+    count = None if tokens is None else tokens // seq_len
+    if count == 0:
+        raise AnalysisError(f"probe.tokens={tokens} is less than one sequence of {seq_len} tokens: give at least "
+                            f"{seq_len}, a smaller seq_len, or probe.tokens=null for the whole split")
+    if count is not None and count > len(slots):
+        raise AnalysisError(f"the probe split holds {len(slots):,} windows of {seq_len} tokens "
+                            f"({len(slots) * seq_len:,} tokens), fewer than the {tokens:,} asked: lower probe.tokens, "
+                            "or probe.tokens=null for all of them")
+    chosen = draw_windows(len(slots), count, seed)
+    return slots[chosen], chosen * seq_len
 
 
 def plan_normlab(path: Path, cfg: DictConfig) -> Subject:
     checkpoint, step, warnings = loader.chosen(
         path, AnalysisError, "a .ckpt, a run directory or a Hugging Face model directory (with its config.json)")
     out = path / "ablation.csv" if path.is_dir() else Path(cfg.paths.output_dir) / "ablation" / default_name(path)
-    config, windows = normlab_probe(checkpoint, path, cfg)
+    config, slots = normlab_probe(checkpoint, path, whole_split(cfg))
     checkpoint = checkpoint.resolve()
     run = checkpoint.parent.parent.name if checkpoint.parent.name == "checkpoints" else config["run_name"]
     names = {**run_identity(config, str(checkpoint)), "run": run, "step": step}  # run: the directory's name
-    return Subject("normlab", partial(loader.load_model, checkpoint, cfg.dtype), windows, names, out, warnings)
+    return Subject("normlab", partial(loader.load_model, checkpoint, cfg.dtype), *drawn_probe(slots, cfg.probe.tokens,
+                   cfg.seed), names, out, warnings)
 
 
 def plan(path: Path, cfg: DictConfig) -> Subject:
@@ -216,18 +256,22 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
         raise AnalysisError(f"{path} does not exist: give a .ckpt, a run directory or a Hugging Face model directory")
     if not (path / "config.json").is_file():
         return plan_normlab(path, cfg)
-    analysis = plan_hugging_face(path, cfg)
+    analysis = plan_hugging_face(path, whole_split(cfg))  # the split re-tokenized by the model's tokenizer
     ((step, load, identity),) = analysis.checkpoints
     out = Path(cfg.paths.output_dir) / "ablation" / default_name(path)
-    return Subject(analysis.layout, load, analysis.windows, {**identity, "step": step}, out)
+    windows, starts = drawn_probe(analysis.windows, cfg.probe.tokens, cfg.seed)
+    return Subject(analysis.layout, load, windows, starts, {**identity, "step": step}, out)
+
+
+HEADERS = (",".join(CSV_COLUMNS), ",".join(EARLIER_COLUMNS))  # what normlab-ablate replaces
 
 
 def check_out(out: Path) -> None:
     """Before anything is measured: `out` is a new file or an earlier ablation CSV (its header), and no file of a run
     directory but its ablation.csv (outputs.py)."""
     try:
-        outputs.check_file(out, "normlab-ablate", lambda line: line == ",".join(CSV_COLUMNS),
-                           owned_in_run=("ablation.csv",), example="ablation.csv")
+        outputs.check_file(out, "normlab-ablate", lambda line: line in HEADERS, owned_in_run=("ablation.csv",),
+                           example="ablation.csv")
     except outputs.OutputError as e:
         raise AnalysisError(str(e)) from None
 
@@ -243,7 +287,8 @@ def summary(rows: list[dict]) -> str:
     what = "mean subtraction removed" if every["ablation"] == "uncentred" else "inputs centred"
     return (f"{every['run']} step {every['step']} ({every['norm']}), {what}: delta at all norms {interval(every)} "
             f"nats/token; largest alone {top['site']} {interval(top)} (share along 1 {top['share_along_1']:.2g}, "
-            f"null 1/d {1 / top['d']:.2g})")
+            f"null 1/d {1 / top['d']:.2g}); 95% intervals resample {every['resampling_units']} "
+            f"{every['resampling_unit']}")
 
 
 def main(cfg: DictConfig) -> None:
@@ -260,7 +305,9 @@ def main(cfg: DictConfig) -> None:
     check_positive("probe.batch_size", cfg.probe.batch_size)
     check_positive("bootstrap", cfg.bootstrap)
     if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool) or cfg.seed < 0:
-        raise AnalysisError(f"seed={cfg.seed}: give a whole number >= 0 (it seeds the bootstrap)")
+        raise AnalysisError(f"seed={cfg.seed}: give a whole number >= 0 (it seeds the probe's windows and the "
+                            "bootstrap)")
+    check_positive("block_tokens", cfg.block_tokens)
     loader.check_dtype(cfg.dtype, AnalysisError)
     device = loader.device_name(cfg.device, AnalysisError)
     if cfg.out is not None:
@@ -268,6 +315,10 @@ def main(cfg: DictConfig) -> None:
     subject = plan(path, cfg)  # checked before any model runs
     if len(subject.windows) == 0:
         raise AnalysisError(f"the probe holds no window of {cfg.seq_len} tokens for {path}: give a smaller seq_len")
+    seq_len = subject.windows.shape[1]
+    if cfg.block_tokens < seq_len:
+        raise AnalysisError(f"block_tokens={cfg.block_tokens} is shorter than a window of {seq_len} tokens (seq_len): "
+                            f"give block_tokens of at least {seq_len}")
     out = Path(str(cfg.out)) if cfg.out is not None else subject.out
     check_out(out)
     for warning in subject.warnings:
@@ -278,10 +329,13 @@ def main(cfg: DictConfig) -> None:
     model = subject.load()
     names = subject.names
     rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,
-                         device, desc=f"{names['run']} step {names['step']}")
+                         device, desc=f"{names['run']} step {names['step']}",
+                         blocks=subject.starts // cfg.block_tokens, unit=f"blocks of {cfg.block_tokens} tokens")
     rows = [{**names, **row} for row in rows]
     if not all(math.isfinite(r["delta"]) for r in rows):
         print("warning: some ablated losses are not finite (inf or nan in the CSV)", file=sys.stderr, flush=True)
     outputs.write_csv(out, CSV_COLUMNS, rows)
     print(summary(rows))
-    print(f"wrote {out} ({len(rows)} rows, {rows[0]['windows']} windows, {rows[0]['tokens']:,} scored tokens)")
+    first = rows[0]
+    print(f"wrote {out} ({len(rows)} rows, {first['windows']} windows in {first['resampling_units']} "
+          f"{first['resampling_unit']}, {first['tokens']:,} scored tokens)")
