@@ -35,7 +35,7 @@ REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction
                                 "ignores length)"}
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
-DIFFERENCE_LABEL = "val loss, uncentred − centred\n(nats/token; > 0: centring helps)"
+DIFFERENCE_LABEL = "val loss, uncentred − centred,\npaired by seed\n(nats/token; > 0: centring helps)"
 
 
 def references_figure(title: str, series: list[Series]) -> Figure | None:
@@ -141,7 +141,7 @@ def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     steps, differences = paired_validation(comparison)
     ax.axhline(0, color="black", lw=0.6)
     if not steps:
-        ax.set_title(f"{comparison.label}, paired by seed")
+        ax.set_title(comparison.label)
         ax.text(0.5, 0.5, "no validation step common to all its runs", transform=ax.transAxes, ha="center")
         return
     for (centred, _), values in zip(comparison.pairs, differences):
@@ -155,8 +155,8 @@ def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     if n > 1:
         ax.fill_between(steps, [i.low for i in intervals], [i.high for i in intervals], color="black", alpha=0.15,
                         lw=0, label=f"t 95% interval over {over}")
-    ax.plot([steps[-1]], [final.mean], "D", color="black", ms=4, label="the final step (its mean in the title)")
-    ax.set_title(f"{comparison.label}, paired by seed\nstep {steps[-1]:,}: {final.text(over)}")
+    ax.plot([steps[-1]], [final.mean], "D", color="black", ms=4, label="final step (mean, interval: title)")
+    ax.set_title(f"{comparison.label}\nstep {steps[-1]:,}: {final.text()}")  # the legend: over how many seeds
 
 
 def losses_figure(group: Group) -> Figure:
@@ -185,7 +185,8 @@ def losses_figure(group: Group) -> Figure:
     axes["val"].set(title="validation loss (its own y axis)", ylabel="cross-entropy (nats/token)")
     for i, comparison in enumerate(group.comparisons):
         draw_differences(axes[f"difference {i}"], comparison, seeds)
-        axes[f"difference {i}"].set_ylabel(DIFFERENCE_LABEL)
+    if group.comparisons:
+        axes["difference 0"].set_ylabel(DIFFERENCE_LABEL)
     for ax in axes.values():
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
@@ -218,7 +219,7 @@ def loss_differences_figure(group: Group) -> Figure | None:
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(comparisons)), [c.label.replace(" (", "\n(") for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
-    ax.set_ylabel(DIFFERENCE_LABEL.replace("val loss", "final val loss"))
+    ax.set_ylabel("final val loss, uncentred − centred\n(nats/token; > 0: centring helps)")
     ax.grid(alpha=0.3, axis="y")
     legend_below(fig, [ax], ncols=1)
     final = steps_title(run.val_step for c in comparisons for pair in c.pairs for run in pair)
