@@ -7,7 +7,10 @@ Two nulls. One random direction makes 90 +- (180/pi)/sqrt(d) degrees with any fi
 null_std_deg): the spread of single angles. Whether 1 is special is asked of the MEAN angle: the same mean is taken
 for `null_directions` seeded random directions (uniform on the sphere), and a row holds where its reference's mean
 falls among theirs (null_percentile: the share of random directions with a smaller mean angle, in percent) and
-their mean and spread (null_random_mean_deg, null_random_std_deg). The null of mean_cos2 is 1/d.
+their mean and spread (null_random_mean_deg, null_random_std_deg). The directions' mean angles themselves
+(null_random_means_deg, to 1e-5 degree) go on the uniform row at position all only: they are the same for the three
+references of a row (the vectors are), and the largest-of-sites null and the seed-level scale (probe.extremes) read
+them there. The null of mean_cos2 is 1/d.
 """
 
 import math
@@ -18,6 +21,10 @@ import torch.distributed as dist
 from normlab.probe.table import IDENTITY_COLUMNS
 
 BINS = 180  # 1-degree histogram over [0, 180]
+# 1e-5 degree: over N independent tokens the spread of a mean angle over directions would be (180/pi)/sqrt(dN), 0.0018
+# degree at 1M tokens and d=1024 (0.0009 at d=4096; dependent tokens spread more), so the rounding (at most 5e-6
+# degree) changes a z by under 0.3% (0.6%)
+MEANS_DECIMALS = 5
 
 
 class AngleStats:
@@ -114,7 +121,8 @@ class AngleStats:
                    "mean_norm": self.norm_sum[i].item() / n, "mean_cos2": self.cos2_sum[i].item() / n,
                    "null_mean_deg": 90.0, "null_std_deg": null_std, "null_percentile": "",
                    "null_random_mean_deg": "", "null_random_std_deg": "", "null_directions": "", "d": self.d,
-                   "histogram": " ".join(map(str, hist[i].tolist()))}  # counts per degree, 0..180
+                   "histogram": " ".join(map(str, hist[i].tolist())),  # counts per degree, 0..180
+                   "null_random_means_deg": ""}
             if self.null_directions and not site.endswith(".rotation"):
                 means = random_means[i]
                 below = (means < mean[i]).sum().item() + 0.5 * (means == mean[i]).sum().item()
@@ -122,5 +130,7 @@ class AngleStats:
                            null_random_mean_deg=means.mean().item(),
                            null_random_std_deg=means.std().item() if self.null_directions > 1 else 0.0,
                            null_directions=self.null_directions)
+                if reference == "uniform" and position == "all":
+                    row["null_random_means_deg"] = " ".join(f"{m:.{MEANS_DECIMALS}f}" for m in means.tolist())
             out.append(row)
         return out

@@ -18,7 +18,7 @@ from normlab.data.tokenizer import EOT
 from normlab.interop import pretrained
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites
-from normlab.probe.table import CSV_COLUMNS, AnalysisError, run_identity
+from normlab.probe.table import CSV_COLUMNS, AnalysisError, is_angles_header, run_identity
 from normlab.training import loader
 from normlab.training.checkpoint_files import verify
 from normlab.training.run_files import RunDirError, warn
@@ -192,8 +192,7 @@ def main(cfg: DictConfig) -> None:
     device = loader.device_name(cfg.device, AnalysisError)
     out = Path(str(cfg.out or Path(cfg.paths.output_dir) / "angles" / default_name(path)))
     try:  # a new file, or an earlier output of normlab-angles (its header): rows of other models are kept
-        outputs.check_file(out, "normlab-angles", lambda line: line == ",".join(CSV_COLUMNS),
-                           example="angles.csv")
+        outputs.check_file(out, "normlab-angles", is_angles_header, example="angles.csv")
     except outputs.OutputError as e:
         raise AnalysisError(str(e)) from None
     analysis = plan(path, cfg)  # checked before any model runs

@@ -38,19 +38,22 @@ INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null
 FLOAT_COLUMNS = {"mean_deg", "std_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
                  "sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "loss", "ablated_loss",
                  "delta", "ci_low", "ci_high", "share_along_1", "value", "stderr"}
+LIST_COLUMNS = {"null_random_means_deg"}  # floats separated by spaces
 ANGLE_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "mean_cos2",
                  "null_std_deg", "d")  # what the report needs of an angles CSV; any other column is optional
 ABLATION_COLUMNS = ("site", "delta")
 EVAL_COLUMNS = ("step", "task", "metric", "value")
 
 
-def table_value(column: str, value: str) -> int | float | str | None:
+def table_value(column: str, value: str) -> int | float | list[float] | str | None:
     """A value of an angles or ablation CSV, read by its column's name: numbers where the report computes with
-    them (empty: None), any other column as its text."""
+    them (empty: None), a list of them for null_random_means_deg, any other column as its text."""
     if column in INT_COLUMNS:
         return int(float(value)) if value else None
     if column in FLOAT_COLUMNS:
         return float(value) if value else None
+    if column in LIST_COLUMNS:
+        return [float(v) for v in value.split()] or None
     return value
 
 
