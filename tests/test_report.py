@@ -5,8 +5,10 @@ computed by hand. No training: each test takes seconds."""
 import copy
 import csv
 import math
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -147,10 +149,12 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
     assert "9.9" not in summary
     # the final norm's input at 91 degrees: 1 / (7.16 / sqrt(10000)) = +14.0 null sds of independent tokens (‡)
-    assert ("| +14.0 (final, 91.00°)‡ | 0.0500 (final; null 1/d = 0.0156) | centred: +0.0123 [+0.0100, +0.0146] "
-            "(bootstrap over windows); 2 runs not ablated |") in summary
+    assert ("| +14.0 (final, 91.00°)‡§, largest of 5 sites | 0.0500 (final; null 1/d = 0.0156) | centred: +0.0123 "
+            "[+0.0100, +0.0146] (bootstrap over windows); 2 runs not ablated |") in summary
     assert f"not run (normlab-ablate model_path={sweep / 'tiny-layernorm-seed0'})" in summary
     assert "‡ null sd of a mean over independent tokens" in summary and "† demo scale: not evidence" in summary
+    assert "§ the largest of the sites in null sds with no null of the largest" in summary
+    assert "has no null_random_means_deg at 5 of 5 sites" in summary
     # no sentence claims more than its statistic: an interval is not seed agreement, a failure to reject is no proof
     # and an inference-time ablation says nothing about training
     text = " ".join(summary.split())  # the sentences, whatever their line breaks
@@ -180,6 +184,56 @@ def test_the_ablation_of_several_seeds_gives_a_t_interval_over_seeds_each_seed_a
             "[+0.0080, +0.0120] (bootstrap over windows), seed 1 +0.0300 [+0.0250, +0.0350] (bootstrap over blocks of "
             "4096 tokens); sign changes between seeds at 1 of 1 sites (layer00.attn_norm) |") in summary
     assert "mean of 2 seeds" not in summary  # the range of two seeds is no interval
+
+
+def angles_with_direction_means(run_dir: Path, planted: dict[str, float], seed: int, directions: int = 39,
+                                sd: float = 0.2, step: int = 10) -> None:
+    """angles.csv at step 10 whose rows carry each random direction's mean angle (drawn about 90 with `sd`), with
+    the mean angle to 1 at 90 but at the norm inputs named in `planted` (site -> angle)."""
+    generator = np.random.default_rng(seed)
+    rows = angle_rows(step, 90.0, 1 / D, null_random_sd=sd)
+    for row in rows:
+        if row["reference"] == "uniform" and row["site"].endswith((".input", ".output")):
+            row["null_random_means_deg"] = " ".join(f"{v:.5f}" for v in generator.normal(90, sd, directions))
+            row["mean_deg"] = planted.get(f"{row['layer']}.{row['site']}", 90.0)
+    write_csv(run_dir / "angles.csv", rows, [*OLD_COLUMNS, "null_random_mean_deg", "null_random_std_deg",
+                                             "null_random_means_deg"])
+
+
+def test_the_angle_cell_weighs_the_largest_site_against_the_largest_of_random_directions_and_names_the_seed(
+        tmp_path):
+    planted = [{"2.final_norm.input": 91.0, "0.attn_norm.input": 88.8},  # seed 0
+               {"2.final_norm.input": 91.0, "0.attn_norm.input": 91.6}]  # seed 1: its outlier hidden by the mean
+    for seed in (0, 1):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)
+        run = make_run(tmp_path / "sweep", f"rms-seed{seed}", "rmsnorm", seed, 3.01)
+        angles_with_direction_means(run, planted[seed], seed)
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
+    # the final norm's input 1 degree off 90 in both seeds: about 7 sds of the average of two runs' direction means
+    # (0.2 / sqrt 2), beyond every one of the 39 directions' largest site: p = 1 / 40
+    found = re.search(r"\| \+(\d+\.\d) at final \(91\.00°\), largest of 5 sites: p 0\.025 \(5% threshold "
+                      r"(\d\.\d); 39 directions\); most extreme run: seed 1, \+(\d+\.\d) at 0 attn \(p 0\.025 for "
+                      r"one run of 2\) \|", row)
+    assert found, row
+    z, threshold, seed_z = map(float, found.groups())
+    assert 5 < z < 10 and 2 < threshold < 4 and 6 < seed_z < 11  # 1.6 / 0.2 = 8 for seed 1 alone
+    assert "(step" not in row  # the angles are of the loss's step
+    assert "§" not in row  # (the LayerNorm runs' angles.csv, without the direction means, have the § footnote)
+
+
+def test_angles_of_another_step_than_the_loss_say_so(tmp_path):
+    make_run(tmp_path / "sweep", "ln-seed0", "layernorm", 0, 3.0)
+    angles_with_direction_means(make_run(tmp_path / "sweep", "rms-seed0", "rmsnorm", 0, 3.01), {}, 0, step=8)
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    (row,) = [line for line in (tmp_path / "out/summary.md").read_text().splitlines()
+              if line.startswith("| tiny† | rmsnorm |")]
+    assert "| 10 |" in row and "39 directions) (step 8) |" in row  # the loss of step 10, the angles of step 8
 
 
 def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
@@ -298,11 +352,11 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
 
     summary = (tmp_path / "out/summary.md").read_text()
     # the angle: (91 - 90) / 0.5 null sd
-    assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°) "
-            "| 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] "
+    assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°)§, "
+            "largest of 5 sites | 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] "
             "(bootstrap over windows) |") in summary
     assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
-            "-14.0 (final, 89.00°)‡") in summary
+            "-14.0 (final, 89.00°)‡§, largest of 5 sites") in summary
     assert "not run (normlab-ablate model_path=<the model's directory>)" in summary
     for name in ("angles_by_layer_pretrained-gpt2-small", "references_pretrained-pythia-70m",
                  "ablation_pretrained-gpt2-small"):

@@ -2,7 +2,9 @@
 from the null, the largest share along 1 and the ablation at every norm), its footnotes and how to read it."""
 
 from collections import defaultdict
+from dataclasses import dataclass
 
+from normlab.probe.extremes import Unavailable, extremes
 from normlab.probe.profiles import last_step, profile, runs_text, site_tick
 from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
@@ -74,22 +76,48 @@ def bootstrap_text(row: dict) -> str:
     return f"{row['delta']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] (bootstrap over {unit})"
 
 
-def angle_cells(series: Series) -> tuple[str, str, bool]:
-    """(largest deviation of a layer's mean angle from 90 in null sds, largest share along 1, whether the null sd
-    is the one measured over random directions) at the norm inputs."""
+@dataclass(frozen=True)
+class AngleCells:
+    """The verdict's angle and share cells of a norm, and what their footnotes need to know."""
+    deviation: str
+    share: str
+    measured_null: bool = True  # False: the null of independent tokens (‡)
+    no_max_null: str = ""  # why the largest of the sites is compared with +-2 only (§), "" where it is not
+
+
+def angle_cells(series: Series, row_steps: set[int] = frozenset()) -> AngleCells:
+    """At the norm inputs: the site whose mean angle to 1 lies farthest from 90 (seed level), against the null of the
+    largest of all sites (probe.extremes), and the most extreme single run; the largest share along 1."""
     points = profile(series.angles, "input", "uniform")
     if not points:
-        return "no angles.csv", "—", True
-    key, point = max(points.items(), key=lambda item: abs(item[1].deviation))
-    measured = all(p.random_sd is not None for p in points.values())
-    deviation = f"{point.deviation:+.1f} ({site_tick(key)}, {point.mean:.2f}°)" + ("" if measured else "‡")
+        return AngleCells("no angles.csv", "—")
     share_key, share = max(points.items(), key=lambda item: item[1].share)
-    return deviation, f"{share.share:.4f} ({site_tick(share_key)}; null 1/d = {1 / share.d:.4f})", measured
+    share_text = f"{share.share:.4f} ({site_tick(share_key)}; null 1/d = {1 / share.d:.4f})"
+    steps = step_note({s for p in points.values() for s in p.steps}, set(row_steps))
+    found = extremes(series.angles, series.labels)
+    if isinstance(found, Unavailable):  # the largest deviation in null sds, as before the per-direction means
+        key, point = max(points.items(), key=lambda item: abs(item[1].deviation))
+        measured = all(p.random_sd is not None for p in points.values())
+        deviation = (f"{point.deviation:+.1f} ({site_tick(key)}, {point.mean:.2f}°){'' if measured else '‡'}§, "
+                     f"largest of {len(points)} sites{steps}")
+        return AngleCells(deviation, share_text, measured, found.reason)
+    level = found.seed_level
+    threshold = (f"5% threshold {level.threshold:.1f}" if level.threshold is not None
+                 else "too few directions for a 5% threshold")
+    deviation = (f"{level.z_max:+.1f} at {site_tick(level.site)} ({points[level.site].mean:.2f}°), largest of "
+                 f"{level.sites} sites: p {level.p_max:.3f} ({threshold}; {level.directions} directions){steps}")
+    if len(found.runs) > 1:
+        label, run = found.extreme_run
+        deviation += (f"; most extreme run: {label}, {run.z_max:+.1f} at {site_tick(run.site)} (p {run.p_max:.3f} "
+                      f"for one run of {len(found.runs)})")
+    return AngleCells(deviation, share_text)
 
 
-VERDICT_HEADER = ("| model | norm | runs | step | val loss RMS − LN: uncentred − centred, mean [95% CI] | largest "
-                  "(mean angle to 1 − 90°) / null sd, at the norm inputs | largest share of ‖x‖² along 1 at the norm "
-                  "inputs | ablation: Δ loss with the centring removed (LN) or added (RMS) at every norm [95% CI] |\n"
+VERDICT_HEADER = ("| model | norm | runs | step | final val loss, uncentred − centred, paired by seed: mean [95% "
+                  "t interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same "
+                  "mean to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at "
+                  "the norm inputs | ablation at every norm (centring removed from LN, added to RMS): Δ loss [95% "
+                  "interval: t over seeds, bootstrap for one run] |\n"
                   "|---|---|---:|---:|---|---|---|---|")
 
 
@@ -118,10 +146,10 @@ def verdict_rows(group: Group) -> list[str]:
         else:
             found = [c for c in group.comparisons if c.uncentred == variant.name]
             loss = loss_cell(found[0]) if found else "no pair"
-        deviation, share, _ = angle_cells(s)
+        angles = angle_cells(s, set(steps))
         ablation = ablation_cell(s, f"normlab-ablate model_path={runs[0].dir}", set(steps))
         rows.append(f"| {model} | {variant.name} | {len(runs)} | {', '.join(f'{x:,}' for x in steps)} | {loss} | "
-                    f"{deviation} | {share} | {ablation} |")
+                    f"{angles.deviation} | {angles.share} | {ablation} |")
     left_out = [r for r in group.runs if r.left_out]
     if not rows and left_out:
         rows.append(f"| {model} | — | 0 | — | nothing compared: {runs_text(len(left_out))} left out (see below) "
@@ -131,11 +159,12 @@ def verdict_rows(group: Group) -> list[str]:
 
 def pretrained_row(model: Pretrained) -> str:
     (s,) = model.series()
-    deviation, share, _ = angle_cells(s)
-    source = next((r.get("source") for r in model.angles if r.get("source")), "<the model's directory>")
     step = last_step(model.angles)
-    return (f"| {model.name} (pretrained) | {s.norm} | 1 | {step:,} | pretrained: no loss comparison | {deviation} | "
-            f"{share} | {ablation_cell(s, f'normlab-ablate model_path={source}', {step})} |")
+    angles = angle_cells(s, {step})
+    source = next((r.get("source") for r in model.angles if r.get("source")), "<the model's directory>")
+    ablation = ablation_cell(s, f"normlab-ablate model_path={source}", {step})
+    return (f"| {model.name} (pretrained) | {s.norm} | 1 | {step:,} | pretrained: no loss comparison | "
+            f"{angles.deviation} | {angles.share} | {ablation} |")
 
 
 HOW_TO_READ = """\
@@ -172,9 +201,14 @@ def footnotes(groups: list[Group], pretrained: list[Pretrained]) -> str:
                      "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
                      "table below the verdict).")
     series = [s for g in groups for s in g.series()] + [s for m in pretrained for s in m.series()]
-    if any(not angle_cells(s)[2] for s in series):
+    cells = [angle_cells(s) for s in series]
+    if any(not c.measured_null for c in cells):
         notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files have "
                      "no null_random_std_deg (the spread of the mean angle over random directions). Tokens of a text "
                      "are not independent, so this null is far too narrow and these deviations are overstated: "
                      "measure again with the current normlab-angles for the right null.")
+    if reasons := sorted({c.no_max_null for c in cells if c.no_max_null}):
+        notes.append("§ the largest of the sites in null sds with no null of the largest (of S sites, one exceeds ±2 "
+                     "by chance far more often than 5% of the time; a seed average is divided by one run's null "
+                     f"sd): {'; '.join(reasons)}.")
     return "".join(f"{n}\n\n" for n in notes)
