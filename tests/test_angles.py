@@ -108,7 +108,7 @@ def test_wandb_panels_come_in_sections_of_one_question_each():
 
 
 def test_wandb_gets_the_reports_per_layer_figure_of_each_probe(tmp_path):
-    from normlab.training.callbacks.angles import layer_figure
+    from normlab.training.callbacks.angles import layer_figure, wandb_table
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=300), RMSNorm)
     model.init_weights(0)
@@ -117,8 +117,12 @@ def test_wandb_gets_the_reports_per_layer_figure_of_each_probe(tmp_path):
         stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(ids, None)],
                         null_directions=null_directions)
         identity = {"run": "tiny-rmsnorm-seed0", "model": "tiny", "norm": "rmsnorm", "seed": 0, "source": "training"}
-        name = layer_figure(stats.records(10, identity), tmp_path)
+        records = stats.records(10, identity)
+        name = layer_figure(records, tmp_path)
         assert (tmp_path / name).stat().st_size > 10_000  # a 300-dpi PNG (and its PDF beside it)
+        columns, data = wandb_table(records)  # the per-direction means stay in angles.csv
+        assert "null_random_means_deg" not in columns and columns[-1] == "histogram" and len(data) == len(records)
+        assert (null_directions > 0) == any(r.get("null_random_means_deg") for r in records)
 
 
 @pytest.mark.parametrize("t", [0.0, 0.1, 1.0, -2.0])

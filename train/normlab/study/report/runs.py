@@ -34,7 +34,7 @@ def norm_variant(norm: dict) -> Variant:
     return Variant(name, bool(centred), bool(norm.get("bias", named_bias)))
 
 
-INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions"}
+INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions", "resampling_units"}
 FLOAT_COLUMNS = {"mean_deg", "std_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
                  "sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "loss", "ablated_loss",
                  "delta", "ci_low", "ci_high", "share_along_1", "value", "stderr"}
