@@ -84,7 +84,8 @@ def test_the_exported_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(runs,
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_the_export_gives_normlabs_logits(runs, norm):
-    import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401 (what normlab-angles does: from_pretrained then needs no remote code)
+    # what normlab-angles does: from_pretrained then needs no remote code
+    import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401
 
     exported = export_of(runs, norm)
     config = json.loads((exported / "config.json").read_text())

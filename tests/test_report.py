@@ -290,6 +290,17 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tm
     assert "differ in the bias as well as in the centring" not in summary  # each comparison is the centring's alone
 
 
+def test_a_2x2_cell_pair_without_a_common_seed_says_so(tmp_path):
+    for norm, seed in (("layernorm", 0), ("rmsnorm_bias", 1), ("layernorm_nobias", 0), ("rmsnorm", 0)):
+        make_run(tmp_path / "sweep", f"{norm}-seed{seed}", norm, seed, 3.0)
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert "| with | layernorm: 3.0000 (1 seed) | rmsnorm_bias: 3.0000 (1 seed) | no common seed |" in summary
+    assert "interaction (the centring's effect with a bias − without): no seed in all four cells |" in summary
+
+
 def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_path):
     for seed in (0, 1):
         make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)

@@ -28,7 +28,7 @@ from normlab.study.report.groups import group_runs
 from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.runs import find_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
-from normlab.study.report.verdict import HOW_TO_READ, VERDICT_HEADER, footnotes, pretrained_row, verdict_rows
+from normlab.study.report.verdict import HOW_TO_READ, verdict
 
 COMMAND = "normlab-report"
 
@@ -44,9 +44,8 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
     if not runs and not pretrained:
         raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}")
     groups = group_runs(runs)
-    verdict = "\n".join([VERDICT_HEADER, *[r for g in groups for r in verdict_rows(g)],
-                         *[pretrained_row(m) for m in pretrained]]) + "\n"
-    head = f"# normlab report\n\n## Verdict\n\n{verdict}\n{footnotes(groups, pretrained)}{HOW_TO_READ}\n"
+    table, notes = verdict(groups, pretrained)
+    head = f"# normlab report\n\n## Verdict\n\n{table}\n{notes}{HOW_TO_READ}\n"
     if replaced:
         head += "Skipped (runs moved aside by restart=true): " + ", ".join(f"`{p}`" for p in replaced) + "\n\n"
     parameters: dict = {}
@@ -56,7 +55,7 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
         figures = [draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
         (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, figures)))
     count = sum(len(f) for f in figures)
-    print(verdict + f"\nwrote summary.md and {count} figures (PDF and PNG, {DPI} dpi) to {out}")
+    print(table + f"\nwrote summary.md and {count} figures (PDF and PNG, {DPI} dpi) to {out}")
 
 
 def as_paths(value) -> list[Path]:

@@ -13,7 +13,7 @@ from normlab.study.report.groups import Group, Series
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.runs import Run
-from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE
+from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, seeds_text
 
 
 def parameter_count(config: dict, cache: dict) -> int:
@@ -71,12 +71,14 @@ def factorial_table(group: Group) -> str:
 
     def mean(key) -> str:
         losses = [r.final_val_loss for r in cells[key].values()]
-        return f"{names[key]}: {statistics.fmean(losses):.4f} ({len(losses)} seeds)"
+        return f"{names[key]}: {statistics.fmean(losses):.4f} ({seeds_text(len(losses))})"
 
     def effect(high: tuple, low: tuple) -> str:
         common = sorted(cells[high].keys() & cells[low].keys())
+        if not common:
+            return "no common seed"
         interval = Interval.of([cells[high][p].final_val_loss - cells[low][p].final_val_loss for p in common])
-        return f"{interval.text(f'{interval.n} seeds')}" if common else "no common seed"
+        return interval.text(f"{interval.n} seeds")
 
     common = sorted(set.intersection(*(set(c) for c in cells.values())))
     interaction = Interval.of([(cells[(False, True)][p].final_val_loss - cells[(True, True)][p].final_val_loss)

@@ -133,7 +133,8 @@ def loss_cell(comparison: Comparison) -> str:
             f"{interval.n} seeds")
 
 
-def verdict_rows(group: Group) -> list[str]:
+def verdict_rows(group: Group, cells: list[AngleCells]) -> list[str]:
+    """The group's rows of the verdict table; the angle cells of each go to `cells` too (for the footnotes)."""
     rows = []
     model = f"{group.title}†" if group.model in DEMO_MODELS else group.title
     for variant in group.variants():
@@ -147,6 +148,7 @@ def verdict_rows(group: Group) -> list[str]:
             found = [c for c in group.comparisons if c.uncentred == variant.name]
             loss = loss_cell(found[0]) if found else "no pair"
         angles = angle_cells(s, set(steps))
+        cells.append(angles)
         ablation = ablation_cell(s, f"normlab-ablate model_path={runs[0].dir}", set(steps))
         rows.append(f"| {model} | {variant.name} | {len(runs)} | {', '.join(f'{x:,}' for x in steps)} | {loss} | "
                     f"{angles.deviation} | {angles.share} | {ablation} |")
@@ -157,10 +159,11 @@ def verdict_rows(group: Group) -> list[str]:
     return rows
 
 
-def pretrained_row(model: Pretrained) -> str:
+def pretrained_row(model: Pretrained, cells: list[AngleCells]) -> str:
     (s,) = model.series()
     step = last_step(model.angles)
     angles = angle_cells(s, {step})
+    cells.append(angles)
     source = next((r.get("source") for r in model.angles if r.get("source")), "<the model's directory>")
     ablation = ablation_cell(s, f"normlab-ablate model_path={source}", {step})
     return (f"| {model.name} (pretrained) | {s.norm} | 1 | {step:,} | pretrained: no loss comparison | "
@@ -190,7 +193,14 @@ weights and see the same batches.
 """
 
 
-def footnotes(groups: list[Group], pretrained: list[Pretrained]) -> str:
+def verdict(groups: list[Group], pretrained: list[Pretrained]) -> tuple[str, str]:
+    """The verdict table (its header, a row per group and norm, one per pretrained model) and its footnotes."""
+    cells: list[AngleCells] = []
+    rows = [r for g in groups for r in verdict_rows(g, cells)] + [pretrained_row(m, cells) for m in pretrained]
+    return "\n".join([VERDICT_HEADER, *rows]) + "\n", footnotes(groups, cells)
+
+
+def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
     notes = []
     if any(g.model in DEMO_MODELS for g in groups):
         notes.append(f"† {DEMO_NOTE}.")
@@ -200,8 +210,6 @@ def footnotes(groups: list[Group], pretrained: list[Pretrained]) -> str:
                      "bias β, RMSNorm none), so the difference is not the centring's alone. The sweep "
                      "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
                      "table below the verdict).")
-    series = [s for g in groups for s in g.series()] + [s for m in pretrained for s in m.series()]
-    cells = [angle_cells(s) for s in series]
     if any(not c.measured_null for c in cells):
         notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files have "
                      "no null_random_std_deg (the spread of the mean angle over random directions). Tokens of a text "
