@@ -13,6 +13,12 @@ from hydra import compose, initialize_config_dir
 
 from normlab.common.paths import CONF_DIR, DATA_DIR
 
+# Two test workers share the machine's cores, and each process they start runs torch with a thread per core: libgomp's
+# threads spin while they wait for work (its default), taking the other worker's CPU time (measured: two tiny trainings
+# side by side took 22-34 s each, 16 s with passive waiting). Set before anything imports torch (which loads libgomp);
+# every process a test starts inherits it, Slurm jobs included (sbatch passes the environment on).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 BIN = Path(sys.executable).parent
 EMBEDDED = DATA_DIR / "embedded"
 
