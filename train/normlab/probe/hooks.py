@@ -43,7 +43,9 @@ class AngleProbe:
         self.stats = AngleStats(stat_rows(sites), d, device, null_directions)
         self.references = reference_vectors(d, **reference_kwargs).to(device=device, dtype=torch.float32)
         self.reference_norms = self.references.norm(dim=1)
-        self.random_directions = random_directions(null_directions, d).to(device=device, dtype=torch.float32)
+        # float64: the null's angles, summed over every token, must not depend on which float32 kernel a process
+        # happens to run (seen: the first call of a process, now and then, 1e-7 degree off the others)
+        self.random_directions = random_directions(null_directions, d).to(device=device, dtype=torch.float64)
         self.mask: torch.Tensor | None = None
         self.first: torch.Tensor | None = None  # [B, T] bool: the first tokens of documents (None: position 0)
         self._pending: list[tuple[NormSite, torch.Tensor, torch.Tensor | None]] = []
@@ -85,11 +87,10 @@ class AngleProbe:
         direction, reduced at once (a [B, T, directions] tensor per norm would not fit for long)."""
         every_token, first_tokens = self._positions(x.shape[:2], x.device)
         sums = []
-        for v in (x, y):
+        for v in (x.double(), y.double()):
             cos = (v @ self.random_directions.T).div_(v.norm(dim=-1, keepdim=True).clamp_min(1e-30))
             degrees = torch.rad2deg_(torch.acos_(cos.clamp_(-1, 1)))
-            every = degrees[every_token].sum(0, dtype=torch.float64)
-            first = degrees[first_tokens].sum(0, dtype=torch.float64)
+            every, first = degrees[every_token].sum(0), degrees[first_tokens].sum(0)
             sums.append(torch.stack([every, first, every - first]))
         return torch.stack(sums)
 

@@ -25,6 +25,9 @@ BINS = 180  # 1-degree histogram over [0, 180]
 # degree at 1M tokens and d=1024 (0.0009 at d=4096; dependent tokens spread more), so the rounding (at most 5e-6
 # degree) changes a z by under 0.3% (0.6%)
 MEANS_DECIMALS = 5
+# the mean and spread of those means, to 1e-9 degree: far below any difference that matters, and above the last bits
+# that a process's choice of floating-point kernel can change, so that two runs of one seed write the same bytes
+NULL_DECIMALS = 9
 
 
 class AngleStats:
@@ -127,8 +130,9 @@ class AngleStats:
                 means = random_means[i]
                 below = (means < mean[i]).sum().item() + 0.5 * (means == mean[i]).sum().item()
                 row.update(null_percentile=100 * below / self.null_directions,
-                           null_random_mean_deg=means.mean().item(),
-                           null_random_std_deg=means.std().item() if self.null_directions > 1 else 0.0,
+                           null_random_mean_deg=round(means.mean().item(), NULL_DECIMALS),
+                           null_random_std_deg=round(means.std().item(), NULL_DECIMALS) if self.null_directions > 1
+                           else 0.0,
                            null_directions=self.null_directions)
                 if reference == "uniform" and position == "all":
                     row["null_random_means_deg"] = " ".join(f"{m:.{MEANS_DECIMALS}f}" for m in means.tolist())
