@@ -16,16 +16,17 @@ from conftest import cluster_ready, needs_slurm, state, wait
 from normlab.common.paths import PROJECT_ROOT
 from normlab.training.checkpoint_files import verify
 
+STEPS = 60  # a signal after 20 steps leaves 40 to resume: a validation and a checkpoint at 30, the last at 60
 RUN = [
     "model.n_layer=2",
     "model.dropout=0.1",
     "data.batch_size=2",
     "data.val_tokens=1024",
-    "trainer.max_steps=120",
-    "trainer.val_check_interval=40",
-    "callbacks.scheduled_checkpoints.every=40",
-    "callbacks.scheduled_checkpoints.dense_until=40",
-    "callbacks.scheduled_checkpoints.sparse_every=120",
+    f"trainer.max_steps={STEPS}",
+    "trainer.val_check_interval=30",
+    "callbacks.scheduled_checkpoints.every=30",
+    "callbacks.scheduled_checkpoints.dense_until=30",
+    f"callbacks.scheduled_checkpoints.sparse_every={STEPS}",
     "logger=csv",
     "global_batch_size=4",
     "probe.tokens=4096",
@@ -93,7 +94,7 @@ def reference(prepared, tmp_path_factory) -> dict[int, float]:
     whole = sbatch(out / "run", out / "whole.out")
     wait(lambda: state(whole) == "", 300, "the uninterrupted job")
     losses_whole = losses(out / "run")
-    assert sorted(losses_whole) == list(range(120)), (out / "whole.out").read_text()[-3000:]
+    assert sorted(losses_whole) == list(range(STEPS)), (out / "whole.out").read_text()[-3000:]
     return losses_whole
 
 
@@ -110,7 +111,7 @@ def test_usr1_requeues_the_job_which_resumes_and_ends_like_an_uninterrupted_run(
         -3000:
     ]
     resumed = losses(tmp_path / "cut")
-    assert sorted(resumed) == list(range(120))  # no gap, no duplicate step
+    assert sorted(resumed) == list(range(STEPS))  # no gap, no duplicate step
     assert resumed == reference  # every step's loss, bit for bit, the last one included
 
 
@@ -144,7 +145,7 @@ def test_each_time_limit_requeues_the_job_which_resumes_where_it_stopped(prepare
     thread: the job trains for minutes only to meet its limit, and would take both cores from the other test worker
     all that time; the USR1 test above requeues a job of two tasks."""
     run, log = tmp_path / "run", tmp_path / "job.out"
-    job = sbatch(run, log, "trainer.max_steps=100000", "runtime.threads=1",
+    job = sbatch(run, log, "trainer.max_steps=30000", "runtime.threads=1",
                  options=["--time=2", "--signal=USR1@60", "--ntasks-per-node=1"])
     resume = rf"resuming {run} from checkpoints/last\.ckpt at step (\d+)"
 
