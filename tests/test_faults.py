@@ -136,33 +136,40 @@ def whole(prepared, tmp_path_factory) -> Path:
 def test_sigkill_at_any_instant_loses_at_most_the_steps_since_the_last_validation(whole, tmp_path):
     run, rng, kills = tmp_path / "killed", random.Random(0), []
     plan = ["save", "steps", "save", "steps"]  # in the middle of a checkpoint save, and between steps
-    previous_err = ""
+    previous_err, ended = "", False
     for kind in plan:
-        process = start(f"run_dir={run}")
-        before = logged_steps(run)
-        if kind == "save":
-            condition = nth_save(run, rng.randint(1, 3))
-        else:
-            target = before + rng.randint(2, 6)
-            condition = lambda: logged_steps(run) >= target  # noqa: E731
-        if not wait_for(process, condition):
+        for _ in range(3):  # a save seen in progress can end before the kill lands (a fast save): then again
+            process = start(f"run_dir={run}")
+            before = logged_steps(run)
+            if kind == "save":
+                condition = nth_save(run, rng.randint(1, 3))
+            else:
+                target = before + rng.randint(2, 6)
+                condition = lambda: logged_steps(run) >= target  # noqa: E731
+            if not wait_for(process, condition):
+                ended = True
+                break
+            process.send_signal(signal.SIGKILL)
+            err = finish(process, -signal.SIGKILL)
+            cut_short = kind == "steps" or saving(run)
+            if kills:  # the attempt resumed from the newest intact checkpoint the previous kill had left
+                assert resumed_step(err, run) == kills[-1]["expected resume"]
+                assert f"taking over the claim on {run} of pid {kills[-1]['pid']}" in err  # the stale claim
+            done = logged_steps(run)
+            expected = intact_full_step(run)
+            # the promise: a kill loses at most the steps since the last validation
+            assert expected % VAL_EVERY == 0 and 0 <= done - expected <= VAL_EVERY, (done, expected)
+            kills.append({"kind": kind if cut_short else "just after a save", "steps done": done,
+                          "expected resume": expected, "pid": process.pid})
+            previous_err = err
+            if cut_short:
+                break
+        if ended:
             break
-        process.send_signal(signal.SIGKILL)
-        err = finish(process, -signal.SIGKILL)
-        if kind == "save":
-            assert saving(run), "the kill should have cut a save short"
-        if kills:  # the attempt resumed from the newest intact checkpoint the previous kill had left
-            assert resumed_step(err, run) == kills[-1]["expected resume"]
-            assert f"taking over the claim on {run} of pid {kills[-1]['pid']}" in err  # the stale claim
-        done = logged_steps(run)
-        expected = intact_full_step(run)
-        # the promise: a kill loses at most the steps since the last validation
-        assert expected % VAL_EVERY == 0 and 0 <= done - expected <= VAL_EVERY, (done, expected)
-        kills.append({"kind": kind, "steps done": done, "expected resume": expected, "pid": process.pid})
-        previous_err = err
+        assert kills[-1]["kind"] == kind, f"no kill of 3 cut a save short: {kills}"
     final = start(f"run_dir={run}")
     err = finish(final)
-    assert [k["kind"] for k in kills] == plan, f"the run ended before every kill: {kills}"
+    assert [k["kind"] for k in kills if k["kind"] in plan] == plan, f"the run ended before every kill: {kills}"
     assert resumed_step(err, run) == kills[-1]["expected resume"] and previous_err
     assert sum(k["steps done"] - k["expected resume"] for k in kills) > 0  # the kills did cost work: measured
     assert_same_run(run, whole)
