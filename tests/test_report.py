@@ -285,8 +285,8 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tm
     assert ("| without | layernorm_nobias: 3.0650 (2 seeds) | rmsnorm: 3.0625 (2 seeds) | -0.0025 [-0.0978, +0.0928] "
             "(t over 2 seeds) |") in summary
     assert ("| with − without, paired by seed | -0.0150 [-0.0785, +0.0485] (t over 2 seeds) | +0.0125 [-0.0828, "
-            "+0.1078] (t over 2 seeds) | interaction (the centring's effect with a bias − without): +0.0275 [-0.1313, "
-            "+0.1863] (t over 2 seeds) |") in summary
+            "+0.1078] (t over 2 seeds) | interaction (the centring's effect with a bias − without): "
+            "+0.0275 [-0.1313, +0.1863] (t over 2 seeds) |") in summary
     assert "differ in the bias as well as in the centring" not in summary  # each comparison is the centring's alone
 
 

@@ -122,7 +122,8 @@ def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure
     losses, final = losses_figure(group), loss_differences_figure(group)
 
     titles = [ax.get_title().split("\n")[0] for ax in losses.axes]
-    assert "rmsnorm_bias − layernorm (with bias)" in titles and "rmsnorm − layernorm_nobias (without bias)" in titles
+    assert "rmsnorm_bias − layernorm (with bias)" in titles
+    assert "rmsnorm − layernorm_nobias (without bias)" in titles
     (ax,) = final.axes
     assert "final validation loss (step 10), paired by seed" in ax.get_title()
     means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]

@@ -211,9 +211,9 @@ def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
                      "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
                      "table below the verdict).")
     if any(not c.measured_null for c in cells):
-        notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files have "
-                     "no null_random_std_deg (the spread of the mean angle over random directions). Tokens of a text "
-                     "are not independent, so this null is far too narrow and these deviations are overstated: "
+        notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files "
+                     "have no null_random_std_deg (the spread of the mean angle over random directions). Tokens of "
+                     "a text are not independent, so this null is far too narrow and these deviations are overstated: "
                      "measure again with the current normlab-angles for the right null.")
     if reasons := sorted({c.no_max_null for c in cells if c.no_max_null}):
         notes.append("§ the largest of the sites in null sds with no null of the largest (of S sites, one exceeds ±2 "
