@@ -2,8 +2,8 @@
 
     f = N1(h);  a = Att(f);  g = N2(h + a);  m = MLP(g);  h' = h + a + m
 
-with a final norm N_f before the LM head. N is LayerNorm or RMSNorm (train/normlab/model/norms.py), passed in as a
-factory; nothing else in the model depends on it.
+with a final norm N_f before the LM head. N is LayerNorm, RMSNorm or DyT (train/normlab/model/norms.py), passed in
+as a factory; nothing else in the model depends on it.
 """
 
 import hashlib
@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from normlab.common.errors import ConfigError
+from normlab.model.norms import Norm
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -120,10 +121,17 @@ class GPT(nn.Module):
     def init_weights(self, seed: int) -> None:
         """GPT-2 initialisation in which every matrix draws from its own generator, seeded by
         (seed, parameter name). Identical names get identical values whatever the norm layers are,
-        so LN and RMS models built with the same seed share every non-norm parameter exactly."""
+        so LN, RMS and DyT models built with the same seed share every non-norm parameter exactly. The norms set their
+        own parameters, drawing nothing (gains 1, biases 0, DyT's alpha its initial value)."""
         proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        norms = [m for m in self.modules() if isinstance(m, Norm)]
+        for norm in norms:
+            norm.reset_parameters()
+        of_norms = {id(p) for norm in norms for p in norm.parameters()}
         for name, p in self.named_parameters():
-            if p.dim() == 1:  # biases start at 0, norm gains at 1
+            if id(p) in of_norms:
+                continue
+            if p.dim() == 1:  # biases start at 0 (the gains of a norm of another kind at 1)
                 p.fill_(0.0 if name.endswith("bias") else 1.0)
                 continue
             digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()

@@ -3,7 +3,8 @@
 LayerNorm(x) = (x - mean(x) 1) / rms(x - mean(x) 1) * gamma + beta. For a LayerNorm model the probe loss is measured
 with its norms as trained and with the mean subtraction removed (x / rms(x) * gamma + beta, "uncentred"), at each norm
 site alone and at all of them at once; for an RMSNorm model the converse: the input centred before the RMSNorm
-("centred"). The difference in loss (nats/token) is paired per probe window. The windows are drawn at random (seeded,
+("centred"), and for a DyT model (gamma * tanh(alpha x) + beta, no norm at all) likewise the input centred before
+the tanh. The difference in loss (nats/token) is paired per probe window. The windows are drawn at random (seeded,
 the same for every model) among all the non-overlapping windows of the probe split, and the 95% percentile bootstrap
 interval of the mean delta resamples blocks of consecutive tokens of the split (the windows that start in one block
 together): neighbouring windows of one text are correlated, so windows are not independent units. Beside the delta
@@ -39,12 +40,12 @@ CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer"
                "share_along_1", "d")
 UNIT_COLUMNS = ("resampling_unit", "resampling_units")  # the interval's unit ("blocks of 4096 tokens") and count
 EARLIER_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in UNIT_COLUMNS)  # ablation.csv before the unit was written
-ABLATIONS = {"layernorm": "uncentred", "rmsnorm": "centred"}  # what is done to a norm of each kind
+ABLATIONS = {"layernorm": "uncentred", "rmsnorm": "centred", "dyt": "centred"}  # what is done to each kind
 LEVEL = 0.95  # of the bootstrap interval
 
 
 def norm_kind(site: NormSite) -> str:
-    """layernorm or rmsnorm, from the module's class: a bias says nothing (normlab has LayerNorm without one and
+    """layernorm, rmsnorm or dyt, from the module's class: a bias says nothing (normlab has LayerNorm without one and
     RMSNorm with one), and the uncentred LayerNorm is recomputed from eps, weight and bias, so only classes whose
     forward is known qualify."""
     module = site.module
@@ -53,8 +54,10 @@ def norm_kind(site: NormSite) -> str:
     # Llama's LlamaRMSNorm: the ablation only centres its input, so its internals do not matter
     if isinstance(module, (norms.RMSNorm, nn.RMSNorm)) or type(module).__name__.endswith("RMSNorm"):
         return "rmsnorm"
+    if isinstance(module, norms.DyT) or type(module).__name__ == "DyT":  # an exported DyT model's too
+        return "dyt"
     raise AnalysisError(f"cannot ablate {site_name(site)}: {type(module).__name__} is neither a LayerNorm over "
-                        "the last dimension nor an RMSNorm")
+                        "the last dimension, an RMSNorm nor a DyT")
 
 
 def site_name(site: NormSite) -> str:
@@ -75,7 +78,7 @@ def uncentred(module: nn.Module, args, output):
 
 
 def centring(module: nn.Module, args):
-    """Forward pre-hook: the RMSNorm's input with its mean removed, x - mean(x) 1."""
+    """Forward pre-hook: the RMSNorm's (or DyT's) input with its mean removed, x - mean(x) 1."""
     x, *rest = args
     with torch.autocast(x.device.type, enabled=False):
         centred = x.float() - x.float().mean(-1, keepdim=True)
