@@ -1,9 +1,10 @@
 """normlab-ablate, where the answer is known: norm inputs orthogonal to 1 give a delta of 0 whichever way the norm is
-ablated, a large component along 1 a large one, LayerNorm with its centring removed is RMSNorm (and the converse);
-the probe windows drawn across the whole split, the same for every model; the bootstrap interval, by windows and by
+ablated, a large component along 1 a large one, LayerNorm with its centring removed is RMSNorm (and the converse),
+DyT's input centred before its tanh; the probe windows drawn across the whole split, the same for every model; the bootstrap interval, by windows and by
 blocks, on planted deltas whose interval is known; Hugging Face GPT-2 and Llama; and the command itself, once."""
 
 import csv
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
@@ -15,17 +16,26 @@ from omegaconf import OmegaConf
 from conftest import compose_config, run_cli
 from normlab.data.corpus import draw_windows
 from normlab.model.gpt import GPT, GPTConfig
-from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.model.norms import DyT, LayerNorm, RMSNorm
 from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.table import AnalysisError
-from normlab.study.ablate import CSV_COLUMNS, EARLIER_COLUMNS, ablation_rows, bootstrap_interval, main, norm_kind, plan
+from normlab.study.ablate import (
+    CSV_COLUMNS,
+    EARLIER_COLUMNS,
+    ablate,
+    ablation_rows,
+    bootstrap_interval,
+    main,
+    norm_kind,
+    plan,
+)
 from normlab.training.checkpoint_files import write_checkpoint
 from normlab.training.pipeline import build_model
 from test_angles import orthogonal_to_1
 
 VOCAB = 200
 NORMS = {"layernorm": LayerNorm, "layernorm_nobias": partial(LayerNorm, bias=False), "rmsnorm": RMSNorm,
-         "rmsnorm_bias": partial(RMSNorm, bias=True)}
+         "rmsnorm_bias": partial(RMSNorm, bias=True), "dyt": DyT}
 
 
 def tiny(norm, seed=0) -> GPT:
@@ -79,6 +89,23 @@ def test_norm_inputs_orthogonal_to_1_give_delta_0_and_a_planted_component_a_larg
         r = rows[site]
         assert r["share_along_1"] > 0.99, site
         assert r["delta"] > 0.05 and r["ci_low"] > 0 and r["ablated_loss"] == pytest.approx(r["loss"] + r["delta"]), r
+
+
+def test_dyt_ablated_is_dyt_of_the_centred_input():
+    """The centring goes before the tanh: gamma * tanh(alpha (x - mean(x) 1)) + beta, by hand."""
+    dyt = DyT(8, alpha_init=0.7)
+    with torch.no_grad():
+        dyt.weight.copy_(torch.linspace(0.5, 2.0, 8))
+        dyt.bias.copy_(torch.linspace(-1.0, 1.0, 8))
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0)) + 2.0
+    site = NormSite(0, "attn_norm", dyt)
+    assert norm_kind(site) == "dyt"
+    with ExitStack() as stack:
+        ablate(stack, site, "dyt")
+        ablated = dyt(x)
+    centred = x - x.mean(-1, keepdim=True)
+    assert torch.allclose(ablated, torch.tanh(0.7 * centred) * dyt.weight + dyt.bias, atol=1e-6)
+    assert torch.allclose(dyt(x), torch.tanh(0.7 * x) * dyt.weight + dyt.bias, atol=1e-6)  # the hook is gone
 
 
 @pytest.mark.parametrize("bias", [True, False])
