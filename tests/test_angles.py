@@ -310,9 +310,9 @@ def test_ddp_ranks_merge_to_the_single_process_result(tmp_path):
 
 def tiny_hf(model_type):
     transformers = pytest.importorskip("transformers")
-    from normlab.interop.hf_rmsnorm_gpt2 import (
-        NormlabRMSGPT2Config,  # registers its model type with AutoModelForCausalLM
-    )
+    # importing them registers normlab-export's model types with AutoModelForCausalLM
+    from normlab.interop.hf_dyt_gpt2 import NormlabDyTGPT2Config
+    from normlab.interop.hf_rmsnorm_gpt2 import NormlabRMSGPT2Config
     common = dict(vocab_size=50257, num_hidden_layers=2, num_attention_heads=4)
     configs = {
         "gpt2": transformers.GPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
@@ -332,6 +332,7 @@ def tiny_hf(model_type):
         ),
         "llama": transformers.LlamaConfig(**common, hidden_size=32, intermediate_size=64, max_position_embeddings=64),
         "normlab_rms_gpt2": NormlabRMSGPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
+        "normlab_dyt_gpt2": NormlabDyTGPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
     }
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(configs[model_type]).eval()
@@ -342,9 +343,8 @@ def test_hooks_land_on_the_norm_modules_of_every_architecture(model_type):
     model = tiny_hf(model_type)
     sites = norm_sites(model, model_type)
     norm_classes = {type(s.module).__name__ for s in sites}
-    assert all("Norm" in name for name in norm_classes), norm_classes
-    rms = model_type in ("llama", "normlab_rms_gpt2")
-    assert "RMSNorm" in "".join(norm_classes) if rms else norm_classes == {"LayerNorm"}
+    other_norms = {"llama": "LlamaRMSNorm", "normlab_rms_gpt2": "RMSNorm", "normlab_dyt_gpt2": "DyT"}
+    assert norm_classes == {other_norms.get(model_type, "LayerNorm")}
     roles = [(s.layer, s.role) for s in sites]
     per_block = ["attn_norm"] if model_type == "gptj" else ["attn_norm", "mlp_norm"]
     assert roles == [(i, r) for i in range(2) for r in per_block] + [(2, "final_norm")]

@@ -1,9 +1,11 @@
-"""normlab-export and interop.export.hugging_face, on a LayerNorm run (without bias) and an RMSNorm run (with bias),
-each trained once by the real normlab-train: the exported directories give normlab's logits with transformers, the
-angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their tokenizer (tiktoken's, on the whole
-embedded corpus), and the RMSNorm one loads with trust_remote_code in a process that never imports normlab; and
-random models of every norm, with and without bias, with a tied head."""
+"""normlab-export and interop.export.hugging_face, on a LayerNorm run (without bias), an RMSNorm run (with bias) and a
+DyT run, each trained once by the real normlab-train: the exported directories give normlab's logits with
+transformers, the angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their tokenizer
+(tiktoken's, on the whole embedded corpus), the RMSNorm and DyT ones load with trust_remote_code in a process that
+never imports normlab, and normlab-ablate centres the DyT export's norms; and random models of every norm, with and
+without bias, with a tied head."""
 
+import csv
 import json
 import os
 import shutil
@@ -21,26 +23,30 @@ from conftest import DOCS, EMBEDDED, FAST_TRAIN, compose_config, run_cli
 from normlab.data import tokenizer as gpt2
 from normlab.interop.export import ExportError, hf_model, hugging_face, main
 from normlab.model.gpt import GPT, GPTConfig
-from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.model.norms import DyT, LayerNorm, RMSNorm
 from normlab.probe.table import read_csv
 from normlab.training.loader import load_model
 
-NORMS = ("layernorm_nobias", "rmsnorm_bias")  # the bias-free LN gets zero biases; the RMS model keeps its bias
+NORMS = ("layernorm_nobias", "rmsnorm_bias", "dyt")  # the bias-free LN gets zero biases; the RMS model keeps its bias
+# the model type and class of each norm's export
+EXPORTED_AS = {"layernorm_nobias": ("gpt2", "GPT2LMHeadModel"),
+               "rmsnorm_bias": ("normlab_rms_gpt2", "NormlabRMSGPT2LMHeadModel"),
+               "dyt": ("normlab_dyt_gpt2", "NormlabDyTGPT2LMHeadModel")}
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs
 
 
 @pytest.fixture(scope="module")
 def runs(prepared, tmp_path_factory) -> Path:
     """<root>/<norm>: one tiny run per norm, trained by one real normlab-train sweep (its LM head untied, as the
-    preset's); the RMSNorm run exported by the real normlab-export (to its default out), the LayerNorm one
-    in-process."""
+    preset's); the RMSNorm run exported by the real normlab-export (to its default out), the others in-process."""
     root = tmp_path_factory.mktemp("runs")
     result = run_cli("normlab-train", "-m", f"norm={','.join(NORMS)}", f"run_dir={root}/${{norm.name}}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
     exported = run_cli("normlab-export", f"model_path={root / 'rmsnorm_bias'}")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert exported.stdout.startswith(f"wrote {root / 'rmsnorm_bias/hf/step-0000006'} (NormlabRMSGPT2LMHeadModel")
-    main(compose_config("export", [f"model_path={root / 'layernorm_nobias' / CHECKPOINT}"]))
+    for norm in ("layernorm_nobias", "dyt"):
+        main(compose_config("export", [f"model_path={root / norm / CHECKPOINT}"]))
     return root
 
 
@@ -85,24 +91,29 @@ def test_the_exported_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(runs,
 @pytest.mark.parametrize("norm", NORMS)
 def test_the_export_gives_normlabs_logits(runs, norm):
     # what normlab-angles does: from_pretrained then needs no remote code
+    import normlab.interop.hf_dyt_gpt2  # noqa: F401
     import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401
 
     exported = export_of(runs, norm)
     config = json.loads((exported / "config.json").read_text())
-    expected_type = "gpt2" if norm.startswith("layernorm") else "normlab_rms_gpt2"
+    expected_type, expected_class = EXPORTED_AS[norm]
     assert config["model_type"] == expected_type and config["tie_word_embeddings"] is False
     assert config["normlab"] == {"run": config["normlab"]["run"], "model": "tiny", "norm": norm, "seed": 0, "step": 6,
                                  "checkpoint": "step-0000006.ckpt"}
     model = AutoModelForCausalLM.from_pretrained(exported).eval()
-    assert type(model).__name__ == ("GPT2LMHeadModel" if expected_type == "gpt2" else "NormlabRMSGPT2LMHeadModel")
+    assert type(model).__name__ == expected_class
     assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr()  # untied, as trained
+    trained = load_model(runs / norm / CHECKPOINT).eval()
     if norm == "layernorm_nobias":
         assert all(not m.bias.any() for name, m in model.named_modules() if name.endswith(("ln_1", "ln_2", "ln_f")))
     else:
         assert config["norm_bias"] is True and model.transformer.ln_f.bias.abs().sum() > 0  # trained: not zeros
+    if norm == "dyt":  # alpha_init is the config's; the trained alphas are the weights'
+        assert config["alpha_init"] == 0.5 and type(model.transformer.ln_f).__name__ == "DyT"
+        assert torch.equal(model.transformer.h[1].ln_2.alpha, trained.blocks[1].ln_2.alpha)
     batch = probe_batch()
     with torch.no_grad():
-        logits, expected = model(batch).logits, load_model(runs / norm / CHECKPOINT).eval()(batch)
+        logits, expected = model(batch).logits, trained(batch)
     assert logits.shape == expected.shape == (4, 128, gpt2.VOCAB_SIZE)
     torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-4)
 
@@ -163,8 +174,11 @@ def test_normlab_angles_gives_the_same_rows_for_the_export_and_the_checkpoint(ru
                 row["run"], row["norm"], str(row["seed"]), row["step"]), key
 
 
-def test_the_rmsnorm_export_loads_with_trust_remote_code_without_normlab(runs, tmp_path):
-    copy = shutil.copytree(export_of(runs, "rmsnorm_bias"), tmp_path / "copy")
+@pytest.mark.parametrize("norm, code, norm_class", [("rmsnorm_bias", "hf_rmsnorm_gpt2", "RMSNorm"),
+                                                    ("dyt", "hf_dyt_gpt2", "DyT")])
+def test_the_export_of_another_norm_loads_with_trust_remote_code_without_normlab(runs, tmp_path, norm, code,
+                                                                                 norm_class):
+    copy = shutil.copytree(export_of(runs, norm), tmp_path / "copy")
     batch = probe_batch()
     torch.save(batch, tmp_path / "batch.pt")
     script = (
@@ -177,12 +191,28 @@ def test_the_rmsnorm_export_loads_with_trust_remote_code_without_normlab(runs, t
     result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    module, norm_class, normlab_imported = result.stdout.split()
-    assert module.startswith("transformers_modules") and module.endswith("hf_rmsnorm_gpt2")
-    assert (norm_class, normlab_imported) == ("RMSNorm", "False")
-    expected = load_model(runs / "rmsnorm_bias" / CHECKPOINT).eval()(batch).detach()
+    module, loaded_norm_class, normlab_imported = result.stdout.split()
+    assert module.startswith("transformers_modules") and module.endswith(code)
+    assert (loaded_norm_class, normlab_imported) == (norm_class, "False")
+    expected = load_model(runs / norm / CHECKPOINT).eval()(batch).detach()
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-5, atol=1e-4)
-    assert (Path(copy) / "hf_rmsnorm_gpt2.py").read_text().count("import normlab") == 0
+    assert (Path(copy) / f"{code}.py").read_text().count("import normlab") == 0
+    assert {p.name for p in Path(copy).glob("hf_*.py")} == {f"{code}.py"}  # its own norm's code only
+
+
+def test_normlab_ablate_centres_the_norms_of_the_dyt_export(runs, tmp_path, capsys):
+    from normlab.study import ablate
+
+    exported = export_of(runs, "dyt")
+    ablate.main(compose_config("ablate", [f"model_path={exported}", "probe.tokens=256", "seq_len=32", "bootstrap=50",
+                                          f"paths.output_dir={tmp_path}"]))
+    assert "wrote " in capsys.readouterr().out
+    (out,) = (tmp_path / "ablation").rglob("*.csv")
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 5 + 1  # 2 blocks x 2 norms, the final norm, and all of them at once
+    assert {(r["model"], r["norm"], r["step"], r["ablation"]) for r in rows} == {
+        ("normlab_dyt_gpt2", "dyt", "6", "centred")}
 
 
 @pytest.mark.parametrize(
@@ -202,20 +232,22 @@ def test_what_cannot_be_exported_is_one_error(tmp_path, model_path, message):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("norm", [LayerNorm, RMSNorm])
+@pytest.mark.parametrize("norm", [LayerNorm, RMSNorm, DyT])
 def test_every_norm_with_a_tied_head_exports_to_the_same_logits(tmp_path, norm, bias):
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, tie_embeddings=True), partial(norm, bias=bias))
     model.init_weights(seed=1)
-    with torch.no_grad():  # gains and biases away from 1 and 0, so that a wrong mapping shows
+    with torch.no_grad():  # gains, biases and DyT's alphas away from 1, 0 and alpha_init, so that a wrong mapping shows
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
     hf_model(model.eval(), {"run": "random"}).save_pretrained(tmp_path)
+    import normlab.interop.hf_dyt_gpt2  # noqa: F401 (registers the DyT model type)
     import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401 (registers the RMSNorm model type)
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert exported.config.tie_word_embeddings and exported.lm_head.weight is exported.transformer.wte.weight
-    assert exported.config.model_type == ("gpt2" if norm is LayerNorm else "normlab_rms_gpt2")
+    model_types = {LayerNorm: "gpt2", RMSNorm: "normlab_rms_gpt2", DyT: "normlab_dyt_gpt2"}
+    assert exported.config.model_type == model_types[norm]
     ids = torch.randint(0, gpt2.VOCAB_SIZE, (3, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, model(ids), rtol=1e-5, atol=1e-5)

@@ -1,3 +1,3 @@
 """normlab and the Hugging Face world: export to a transformers model (export, with the model code of an RMSNorm GPT-2:
-hf_rmsnorm_gpt2), sampling text (sample), evaluation with the harness or held-out perplexity (evaluate), and local
-Hugging Face models for the angle study and the ablation (pretrained)."""
+hf_rmsnorm_gpt2, and of a DyT GPT-2: hf_dyt_gpt2), sampling text (sample), evaluation with the harness or held-out
+perplexity (evaluate), and local Hugging Face models for the angle study and the ablation (pretrained)."""

@@ -2,8 +2,9 @@
 
 A LayerNorm model (with or without bias; without, its biases are zeros) becomes transformers' GPT2LMHeadModel;
 an RMSNorm model (with or without bias) becomes NormlabRMSGPT2LMHeadModel (interop/hf_rmsnorm_gpt2.py, saved with
-it as custom code). Both compute what the normlab model computes: pre-norm blocks, learned positions, tanh GELU
-(gelu_new), the same eps, the LM head tied or not as trained; nn.Linear weights become GPT-2's Conv1D (transposed).
+it as custom code), a DyT model NormlabDyTGPT2LMHeadModel (interop/hf_dyt_gpt2.py, likewise). Each computes what the
+normlab model computes: pre-norm blocks, learned positions, tanh GELU (gelu_new), the same eps (DyT has none), the
+LM head tied or not as trained; nn.Linear weights become GPT-2's Conv1D (transposed).
 The tokenizer (vocab.json, merges.txt, tokenizer.json) is rebuilt offline from the tiktoken ranks file normlab
 tokenizes with, so that it gives the ids the model was trained on. config.json carries `normlab`: the run, model,
 norm, seed and step that were exported.
@@ -95,21 +96,25 @@ def hf_model(model: torch.nn.Module, metadata: dict):
     as `normlab`."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from normlab.interop.hf_dyt_gpt2 import NormlabDyTGPT2Config, NormlabDyTGPT2LMHeadModel
     from normlab.interop.hf_rmsnorm_gpt2 import NormlabRMSGPT2Config, NormlabRMSGPT2LMHeadModel
 
     c, norm = model.config, model.ln_f
     settings = dict(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
                     n_head=c.n_head, activation_function="gelu_new", resid_pdrop=c.dropout, embd_pdrop=c.dropout,
-                    attn_pdrop=c.dropout, layer_norm_epsilon=norm.eps, bos_token_id=gpt2.EOT, eos_token_id=gpt2.EOT,
+                    attn_pdrop=c.dropout, bos_token_id=gpt2.EOT, eos_token_id=gpt2.EOT,
                     tie_word_embeddings=c.tie_embeddings, normlab=metadata)
     if isinstance(norm, norms.LayerNorm):
-        config, model_class = GPT2Config(**settings), GPT2LMHeadModel
+        config, model_class = GPT2Config(layer_norm_epsilon=norm.eps, **settings), GPT2LMHeadModel
     elif isinstance(norm, norms.RMSNorm):
-        config = NormlabRMSGPT2Config(norm_bias=norm.bias is not None, **settings)
+        config = NormlabRMSGPT2Config(norm_bias=norm.bias is not None, layer_norm_epsilon=norm.eps, **settings)
         model_class = NormlabRMSGPT2LMHeadModel
+    elif isinstance(norm, norms.DyT):
+        config = NormlabDyTGPT2Config(norm_bias=norm.bias is not None, alpha_init=norm.alpha_init, **settings)
+        model_class = NormlabDyTGPT2LMHeadModel
     else:
         raise ExportError(f"cannot export a model whose norm is {type(norm).__name__}: normlab-export knows "
-                          "normlab's LayerNorm and RMSNorm")
+                          "normlab's LayerNorm, RMSNorm and DyT")
     return model_class.from_pretrained(None, config=config, state_dict=hf_state_dict(model))
 
 

@@ -15,6 +15,9 @@ from normlab.probe.sites import LAYOUTS
 from normlab.probe.table import AnalysisError
 from normlab.training.loader import DTYPES
 
+# The norm of an architecture whose norm is not LayerNorm, for a directory that normlab-export did not write
+ARCHITECTURE_NORMS = {"llama": "rmsnorm", "normlab_rms_gpt2": "rmsnorm", "normlab_dyt_gpt2": "dyt"}
+
 
 @contextmanager
 def loading(what: str):
@@ -40,7 +43,7 @@ def model_config(path: Path):
         )
     from transformers import AutoConfig
 
-    from normlab.interop import hf_rmsnorm_gpt2  # noqa: F401 (registers normlab-export's RMSNorm model type)
+    from normlab.interop import hf_dyt_gpt2, hf_rmsnorm_gpt2  # noqa: F401 (register normlab-export's model types)
 
     with loading(config_file):
         return model_type, AutoConfig.from_pretrained(path)
@@ -57,10 +60,9 @@ def identity(path: Path, model_type: str, config) -> tuple[int, dict]:
     else the directory's name and the norm of its architecture."""
     exported = getattr(config, "normlab", None)  # what normlab-export records of the run it exported
     exported = exported if isinstance(exported, dict) else {}
-    rms = model_type in ("llama", "normlab_rms_gpt2")
     return exported.get("step", 0), {
         "run": exported.get("run", path.resolve().name), "model": model_type,
-        "norm": exported.get("norm", "rmsnorm" if rms else "layernorm"), "seed": exported.get("seed", ""),
+        "norm": exported.get("norm", ARCHITECTURE_NORMS.get(model_type, "layernorm")), "seed": exported.get("seed", ""),
         "source": str(path.resolve()),
     }
 
@@ -69,7 +71,7 @@ def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
     """The causal LM of the model directory `path` in `dtype`, its raw weights (nothing folded)."""
     from transformers import AutoModelForCausalLM
 
-    from normlab.interop import hf_rmsnorm_gpt2  # noqa: F401 (registers normlab-export's RMSNorm model type)
+    from normlab.interop import hf_dyt_gpt2, hf_rmsnorm_gpt2  # noqa: F401 (register normlab-export's model types)
 
     with loading(f"the model in {path}"):
         return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])  # raw weights: nothing folded

@@ -25,6 +25,7 @@ LAYOUTS = {
     "gptj": ("transformer.h", "ln_1", None, "transformer.ln_f"),  # attention and MLP share one norm
     "gpt_neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm"),
     "llama": ("model.layers", "input_layernorm", "post_attention_layernorm", "model.norm"),
+    "normlab_dyt_gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),  # normlab-export's DyT GPT-2
 }
 
 
