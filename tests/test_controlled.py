@@ -1,4 +1,5 @@
-"""A controlled comparison: same seed => identical non-norm initial weights and identical batches."""
+"""A controlled comparison of the norm arms (LayerNorm, RMSNorm, DyT): same seed => identical non-norm initial weights,
+identical batches and dropout masks; the norms' own parameters (DyT's alpha included) are not weight-decayed."""
 
 import itertools
 
@@ -6,22 +7,28 @@ import torch
 
 from conftest import compose_config
 from normlab.data.datamodule import ShuffledWindows
+from normlab.model.norms import Norm
 from normlab.training.pipeline import build_module
+
+ARMS = ("layernorm", "rmsnorm", "dyt")
+NORM_SITES = [f"blocks.{i}.ln_{j}" for i in range(4) for j in (1, 2)] + ["ln_f"]  # of the tiny model
 
 
 def modules(seed=0, model="tiny"):
     return {norm: build_module(compose_config("train", [f"norm={norm}", f"seed={seed}", f"model={model}"])).model
-            for norm in ("layernorm", "rmsnorm")}
+            for norm in ARMS}
 
 
 def test_same_seed_gives_identical_initial_weights_for_every_shared_parameter():
     models = modules()
-    ln, rms = (dict(m.named_parameters()) for m in models.values())
+    ln, rms, dyt = (dict(m.named_parameters()) for m in models.values())
     shared = ln.keys() & rms.keys()
-    assert ln.keys() - shared == {f"blocks.{i}.ln_{j}.bias" for i in range(4) for j in (1, 2)} | {"ln_f.bias"}
+    assert ln.keys() - shared == {f"{site}.bias" for site in NORM_SITES}
     assert rms.keys() <= ln.keys()
-    for name in shared:
-        assert torch.equal(ln[name], rms[name]), name
+    assert dyt.keys() - ln.keys() == {f"{site}.alpha" for site in NORM_SITES} and ln.keys() <= dyt.keys()
+    for name in ln:  # DyT's gains and biases start as LayerNorm's: 1 and 0
+        assert torch.equal(ln[name], dyt[name]) and (name not in shared or torch.equal(ln[name], rms[name])), name
+    assert all(dyt[f"{site}.alpha"].tolist() == [0.5] for site in NORM_SITES)
     norm_weights = [n for n in shared if ".ln_" in n or n.startswith("ln_f")]
     assert len(norm_weights) == 2 * 4 + 1
     assert len(shared) - len(norm_weights) == len(list(models["rmsnorm"].parameters())) - len(norm_weights)
@@ -29,9 +36,9 @@ def test_same_seed_gives_identical_initial_weights_for_every_shared_parameter():
 
 def test_same_seed_gives_identical_weights_at_paper_width():
     models = modules(model="70m")
-    ln, rms = (dict(m.named_parameters()) for m in models.values())
+    ln, rms, dyt = (dict(m.named_parameters()) for m in models.values())
     for name in ("wte.weight", "blocks.5.attn.c_attn.weight", "blocks.3.mlp.c_proj.weight", "lm_head.weight"):
-        assert torch.equal(ln[name], rms[name]), name
+        assert torch.equal(ln[name], rms[name]) and torch.equal(ln[name], dyt[name]), name
 
 
 def test_the_2x2_norm_variants_share_every_initial_weight_and_differ_in_centring_or_bias():
@@ -58,6 +65,39 @@ def test_the_2x2_norm_variants_share_every_initial_weight_and_differ_in_centring
     torch.testing.assert_close(ln(x), rms(x - x.mean(-1, keepdim=True)))  # the same bias, after the same scaling
 
 
+def test_every_arm_leaves_torchs_random_state_as_the_others_do():
+    """Building a model draws from torch's global generator only in torch's own layers (nn.Linear, nn.Embedding: the
+    same in every arm); the norms draw nothing, so what is drawn later (dropout masks) is the same for every arm."""
+    states = []
+    for norm in ARMS:
+        torch.manual_seed(0)
+        build_module(compose_config("train", [f"norm={norm}"]))
+        states.append(torch.get_rng_state())
+    assert all(torch.equal(states[0], state) for state in states[1:])
+
+
+def test_dyt_takes_alpha_init_from_its_config():
+    cfg = compose_config("train", ["norm=dyt", "norm.layer.alpha_init=0.2"])
+    model = build_module(cfg).model
+    alphas = [p for name, p in model.named_parameters() if name.endswith(".alpha")]
+    assert len(alphas) == len(NORM_SITES) and all(p.tolist() == [torch.tensor(0.2).item()] for p in alphas)
+
+
+def test_every_arm_decays_its_matrices_only():
+    """AdamW's weight decay pulls a parameter towards 0: the gains, biases and DyT's alpha (a scale of the input,
+    shape (1,)) are in the group without it."""
+    for norm in ARMS:
+        module = build_module(compose_config("train", [f"norm={norm}"]))
+        decayed, not_decayed = module.configure_optimizers()["optimizer"].param_groups
+        assert decayed["weight_decay"] > 0 and not_decayed["weight_decay"] == 0.0
+        assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() < 2 for p in not_decayed["params"])
+        norm_parameters = [p for m in module.model.modules() if isinstance(m, Norm) for p in m.parameters()]
+        assert {id(p) for p in norm_parameters} <= {id(p) for p in not_decayed["params"]}
+        alphas = {id(p) for name, p in module.model.named_parameters() if name.endswith(".alpha")}
+        assert len(alphas) == (len(NORM_SITES) if norm == "dyt" else 0)
+        assert alphas <= {id(p) for p in not_decayed["params"]}
+
+
 def test_another_seed_gives_other_weights():
     a, b = modules(seed=0)["layernorm"], modules(seed=1)["layernorm"]
     assert not torch.equal(a.wte.weight, b.wte.weight)
@@ -76,9 +116,10 @@ def batches(norm, prepared, n, epoch=0):
 
 def test_same_seed_gives_identical_batches_in_identical_order(prepared):
     for epoch in (0, 1):
-        ln, rms = batches("layernorm", prepared, 20, epoch), batches("rmsnorm", prepared, 20, epoch)
-        for (x1, y1), (x2, y2) in zip(ln, rms, strict=True):
-            assert torch.equal(x1, x2) and torch.equal(y1, y2)
+        ln, *others = (batches(norm, prepared, 20, epoch) for norm in ARMS)
+        for other in others:
+            for (x1, y1), (x2, y2) in zip(ln, other, strict=True):
+                assert torch.equal(x1, x2) and torch.equal(y1, y2)
     first, second = batches("layernorm", prepared, 1, 0)[0][0], batches("layernorm", prepared, 1, 1)[0][0]
     assert not torch.equal(first, second)  # each epoch has its own order
 
@@ -93,7 +134,7 @@ def test_sampler_order_depends_on_seed_and_epoch_only():
 
 def test_same_seed_gives_identical_dropout_masks():
     masks = {}
-    for norm in ("layernorm", "rmsnorm"):
+    for norm in ARMS:
         cfg = compose_config("train", [f"norm={norm}", "model.dropout=0.5", "model.n_layer=2"])
         model = build_module(cfg).model.train()
         drawn = []
@@ -105,5 +146,5 @@ def test_same_seed_gives_identical_dropout_masks():
         masks[norm] = drawn
     assert len(masks["layernorm"]) == 1 + 2 * 2  # embeddings, then attention and MLP of each block
     assert 0.4 < masks["layernorm"][0].float().mean() < 0.6
-    for ln, rms in zip(*masks.values()):
-        assert torch.equal(ln, rms)
+    for ln, *others in zip(*masks.values(), strict=True):
+        assert all(torch.equal(ln, other) for other in others)

@@ -1,9 +1,9 @@
-"""The two norms against torch and against the identities of the seeds (float64, random inputs)."""
+"""The norms against torch and against the identities of the seeds (float64, random inputs); DyT against its formula."""
 
 import pytest
 import torch
 
-from normlab.model.norms import LayerNorm, RMSNorm
+from normlab.model.norms import DyT, LayerNorm, RMSNorm
 
 D = 64
 
@@ -72,3 +72,24 @@ def test_norms_share_eps_and_differ_in_bias_only():
     assert ln.eps == rms.eps
     assert sorted(n for n, _ in ln.named_parameters()) == ["bias", "weight"]
     assert [n for n, _ in rms.named_parameters()] == ["weight"]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_dyt_is_gamma_tanh_alpha_x_plus_beta(x, bias):
+    dyt = randomize(DyT(D, bias=bias).double())  # alpha, gamma (and beta) random
+    assert dyt.alpha.shape == (1,) and dyt.alpha.item() != 0.5
+    expected = torch.tanh(dyt.alpha.item() * x) * dyt.weight
+    torch.testing.assert_close(dyt(x), expected + dyt.bias if bias else expected, rtol=1e-12, atol=1e-12)
+    assert sorted(n for n, _ in dyt.named_parameters()) == ["alpha", *(["bias"] if bias else []), "weight"]
+
+
+@pytest.mark.parametrize("alpha_init", [0.5, 0.2, 1.3])
+def test_dyt_starts_and_resets_at_alpha_init_without_random_draws(alpha_init):
+    rng = torch.get_rng_state()
+    dyt = DyT(D, alpha_init=alpha_init)
+    assert torch.equal(torch.get_rng_state(), rng)  # built without drawing
+    assert dyt.alpha.tolist() == [torch.tensor(alpha_init).item()] and not dyt.bias.any() and dyt.weight.eq(1).all()
+    randomize(dyt)
+    dyt.reset_parameters()
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert dyt.alpha.tolist() == [torch.tensor(alpha_init).item()] and not dyt.bias.any() and dyt.weight.eq(1).all()

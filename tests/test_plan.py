@@ -23,6 +23,7 @@ SHAPES = {
                             "model.block_size=64", "model.vocab_size=512"], 3),
     "3x128-context32-gpt2-vocab": (["model.n_layer=3", "model.n_embd=128", "model.n_head=8",
                                     "model.block_size=32"], 4),
+    "dyt-2x64-context32": (["norm=dyt", "model.n_layer=2", "model.block_size=32", "model.vocab_size=256"], 2),
 }
 
 

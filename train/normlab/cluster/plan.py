@@ -15,7 +15,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 
 from normlab.common.errors import ConfigError
-from normlab.model.norms import RMSNorm
+from normlab.model.norms import DyT, RMSNorm
 from normlab.training.runtime import PEAK_BF16_FLOPS
 
 MIB, GIB = 2**20, 2**30
@@ -59,6 +59,14 @@ def gpu(spec: str) -> GPU:
     )
 
 
+def saved_by_norm(norm: nn.Module, width: int) -> int:
+    """fp32 values per token that a norm saves for backward beside its input: mean and rstd (LayerNorm), rstd
+    (RMSNorm), tanh(alpha x) for tanh's backward (DyT: the whole width)."""
+    if isinstance(norm, DyT):
+        return width
+    return 1 if isinstance(norm, RMSNorm) else 2
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the plan needs to know of a model."""
@@ -72,7 +80,7 @@ class ModelShape:
     block_params: int  # of one transformer block
     block_matmul_weights: int  # weights of one block's matrices: what autocast copies to bf16
     head_matmul_weights: int  # the LM head's matrix
-    norm_stats: int  # fp32 values per token that a norm saves: mean and rstd (LayerNorm), rstd (RMSNorm)
+    norm_stats: int  # fp32 values per token that a norm saves beside its input: saved_by_norm
     flops_per_token: int  # training FLOPs, GPT.flops_per_token()
     dropout: float
 
@@ -89,7 +97,7 @@ class ModelShape:
             block_params=sum(p.numel() for p in block.parameters()),
             block_matmul_weights=sum(m.weight.numel() for m in block.modules() if isinstance(m, nn.Linear)),
             head_matmul_weights=model.lm_head.weight.numel(),
-            norm_stats=1 if isinstance(block.ln_1, RMSNorm) else 2,
+            norm_stats=saved_by_norm(block.ln_1, c.n_embd),
             flops_per_token=model.flops_per_token(),
             dropout=c.dropout,
         )
