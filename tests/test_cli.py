@@ -11,7 +11,7 @@ import pytest
 from conftest import compose_config, run_cli
 
 COMMANDS = ["normlab-train", "normlab-prepare", "normlab-describe", "normlab-angles", "normlab-ablate",
-            "normlab-report", "normlab-bench", "normlab-export", "normlab-sample", "normlab-eval"]
+            "normlab-report", "normlab-bench", "normlab-export", "normlab-sample", "normlab-eval", "normlab-convert"]
 HEAVY = ("torch", "lightning", "datasets", "matplotlib", "transformers", "wandb", "tiktoken", "lm_eval")
 
 
@@ -39,7 +39,7 @@ def test_help_and_completion_offer_every_option_that_composes_and_nothing_else()
 @pytest.mark.parametrize("command, groups", [
     ("normlab-angles", {"paths", "probe"}), ("normlab-report", set()), ("normlab-bench", {"model", "paths"}),
     ("normlab-prepare", {"data", "paths"}), ("normlab-export", set()), ("normlab-sample", set()),
-    ("normlab-eval", {"paths"}),
+    ("normlab-eval", {"paths"}), ("normlab-convert", set()),
 ])
 def test_help_and_completion_offer_only_the_groups_that_the_command_composes(command, groups):
     helped = run_cli(command, "--help")
@@ -51,7 +51,7 @@ def test_help_and_completion_offer_only_the_groups_that_the_command_composes(com
     words = completion(command, "")
     assert {g for g in every_group if f"{g}=" in words} == groups
     assert "hydra" in words and ("paths." in words) == ("paths" in groups)  # the keys of a group only with it
-    if command in ("normlab-angles", "normlab-export", "normlab-sample", "normlab-eval"):
+    if command in ("normlab-angles", "normlab-export", "normlab-sample", "normlab-eval", "normlab-convert"):
         assert "model_path=" in words and completion(command, "mo") == ["model_path="]
 
 

@@ -65,7 +65,7 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     assert described.returncode == 0, described.stderr
     assert "1b (16 layers, d=2048" in described.stdout
     for command in ("normlab-train", "normlab-prepare", "normlab-angles", "normlab-ablate", "normlab-report",
-                    "normlab-bench", "normlab-export", "normlab-sample", "normlab-eval"):
+                    "normlab-bench", "normlab-export", "normlab-sample", "normlab-eval", "normlab-convert"):
         helped = run(env, work, command, "--help")
         assert helped.returncode == 0, f"{command}: {helped.stderr}"
 
@@ -79,3 +79,6 @@ def test_the_installed_commands_run_from_any_directory_on_the_project_in_the_wor
     assert sampled.returncode == 0 and sampled.stdout.startswith("----- sample 0 (seed 0) -----"), sampled.stderr
     exported = run(env, work, "normlab-export", f"model_path='{run_dir}'")
     assert exported.returncode == 0 and (run_dir / "hf" / "step-0000002" / "config.json").is_file(), exported.stderr
+    converted = run(env, work, "normlab-convert", f"model_path='{run_dir}'")  # reads the norm configs it ships
+    assert converted.returncode == 0, converted.stderr
+    assert (run_dir.with_name(f"{run_dir.name}-rms") / "checkpoints" / "step-0000002.ckpt.json").is_file()

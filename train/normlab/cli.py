@@ -1,8 +1,8 @@
-"""Entry points: normlab-train, -prepare, -describe, -angles, -ablate, -report, -export, -sample and -eval: thin Hydra
-mains over conf/ (the work is in the module of the same name; normlab-train's in training.pipeline, normlab-describe's
-in cluster.plan, normlab-eval's in interop.evaluate; normlab-bench's is normlab.bench.main). Nothing heavy is imported
-before Hydra has parsed the command line, so that a bad command line, --help and shell completion are answered at
-once."""
+"""Entry points: normlab-train, -prepare, -describe, -angles, -ablate, -report, -export, -sample, -eval and
+-convert: thin Hydra mains over conf/ (the work is in the module of the same name; normlab-train's in
+training.pipeline, normlab-describe's in cluster.plan, normlab-eval's in interop.evaluate, normlab-convert's in
+interop.convert; normlab-bench's is normlab.bench.main). Nothing heavy is imported before Hydra has parsed the
+command line, so that a bad command line, --help and shell completion are answered at once."""
 
 import contextlib
 import errno
@@ -312,3 +312,12 @@ def evaluate(cfg: DictConfig) -> None:
     from normlab.interop.evaluate import main as run_evaluation
 
     run_evaluation(cfg)
+
+
+@hydra_app("convert")
+def convert(cfg: DictConfig) -> None:
+    """A LayerNorm model (normlab checkpoint, run or Hugging Face GPT-2) as an RMSNorm run computing the same
+    function."""
+    from normlab.interop.convert import main as convert_model
+
+    convert_model(cfg)
