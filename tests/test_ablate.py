@@ -1,7 +1,8 @@
 """normlab-ablate, where the answer is known: norm inputs orthogonal to 1 give a delta of 0 whichever way the norm is
 ablated, a large component along 1 a large one, LayerNorm with its centring removed is RMSNorm (and the converse),
-DyT's input centred before its tanh; the probe windows drawn across the whole split, the same for every model; the bootstrap interval, by windows and by
-blocks, on planted deltas whose interval is known; Hugging Face GPT-2 and Llama; and the command itself, once."""
+DyT's input centred before its tanh; the probe windows drawn across the whole split, the same for every model; the
+bootstrap interval, by windows and by blocks, on planted deltas whose interval is known; Hugging Face GPT-2 and
+Llama; and the command itself, once."""
 
 import csv
 from contextlib import ExitStack
