@@ -314,6 +314,124 @@ def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_
     assert "Centring × bias" not in summary
 
 
+OLD_HEADER = ("| model | norm | runs | step | final val loss, uncentred − centred, paired by seed: mean [95% t "
+              "interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same mean "
+              "to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm "
+              "inputs | ablation at every norm (centring removed from LN, added to RMS): Δ loss [95% interval: t "
+              "over seeds, bootstrap for one run] |")  # the verdict's header before DyT: a report without DyT keeps it
+
+
+def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_path):
+    losses = {"layernorm": (3.00, 3.10, 3.05), "rmsnorm": (3.02, 3.13, 3.06), "dyt": (3.20, 3.25, 3.35)}  # per seed
+    for norm, per_seed in losses.items():
+        for seed, loss in enumerate(per_seed):
+            make_run(tmp_path / "sweep", f"{norm}-seed{seed}", norm, seed, loss)
+    write_ablation(tmp_path / "sweep/dyt-seed0", 0.2, 0.15, 0.25)
+
+    (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])  # alpha_init and no eps: still the norms' group
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    assert [v.name for v in group.variants()] == ["layernorm", "rmsnorm", "dyt"]
+    assert [r.name for r in group.runs if r.left_out or r.note] == []
+    centring, dyt = group.comparisons
+    assert (centring.label, centring.pointwise) == ("rmsnorm − layernorm (the bias differs too)", False)
+    assert all(u.variant.normalizes for _, u in centring.pairs)
+    assert (dyt.label, dyt.pointwise) == ("dyt − layernorm (no norm: tanh in place of LayerNorm)", True)
+    assert [(c.name, u.name) for c, u in dyt.pairs] == [(f"layernorm-seed{s}", f"dyt-seed{s}") for s in range(3)]
+    assert dyt.differences == pytest.approx([0.20, 0.15, 0.30])
+    summary = (tmp_path / "out/summary.md").read_text()
+    # by hand: 0.20, 0.15, 0.30: mean 0.2167, sd 0.0764, half-width 4.3027 x 0.0764 / sqrt 3 = 0.1897
+    assert ("| tiny† | dyt | 3 | 10 | dyt − layernorm (no norm: tanh in place of LayerNorm): +0.2167 [+0.0269, "
+            "+0.4064] (t over 3 seeds), **excludes 0**; above 0 in 3 of 3 seeds | +0.0 (0 attn, 90.00°)‡§, largest "
+            "of 5 sites | 0.0500 (final; null 1/d = 0.0156) | centred (before the tanh): +0.2000 [+0.1500, +0.2500] "
+            "(bootstrap over windows); 2 runs not ablated |") in summary
+    assert ("| dyt − layernorm (no norm: tanh in place of LayerNorm) | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | "
+            "+0.2167 | 0.0764 | [+0.0269, +0.4064] | **yes** |") in summary
+    assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
+            "(t over 3 seeds), includes 0; above 0 in 3 of 3 seeds |") in summary  # as without DyT
+    assert "| tiny† | layernorm | 3 | 10 | reference |" in summary
+    text = " ".join(summary.split())
+    assert "final val loss, uncentred − centred (DyT: − LayerNorm), paired by seed" in text
+    assert "ablation at every norm (centring removed from LN, added to RMS and before DyT's tanh)" in text
+    assert "rmsnorm − layernorm (the bias differs too): these runs differ in the bias" in text
+    assert "tanh in place of LayerNorm): these runs differ" not in text  # the bias note is the centring's
+    assert ("dyt: no norm at all (γ tanh(αx) + β where LayerNorm centres and rescales by a statistic of x), so its "
+            "loss cell can support a difference from LayerNorm in everything the norm does") in text
+    assert "not the centring's effect" in text and "Centring × bias" not in summary
+    for figure in ("loss", "loss_difference", "angles_by_layer", "ablation"):
+        assert f"({figure}_tiny.png)" in summary
+
+
+def kept_in_order(lines: list[str], within: list[str]) -> bool:
+    """Whether every line of `lines` is in `within`, in order, as it was or (a table row) with columns added at its
+    end."""
+    remaining = iter(within)
+    return all(any(other == line or line.startswith("|") and other.startswith(line) for other in remaining)
+               for line in lines)
+
+
+def test_dyt_beside_the_2x2_sweep_is_no_replicate_of_rmsnorm_bias_and_only_adds_to_its_report(tmp_path):
+    losses = {"layernorm": (3.000, 3.100), "rmsnorm_bias": (3.030, 3.120), "layernorm_nobias": (3.020, 3.110),
+              "rmsnorm": (3.010, 3.115)}  # per seed, as in the 2x2 test
+    for norm, per_seed in losses.items():
+        for seed, loss in enumerate(per_seed):
+            make_run(tmp_path / "sweep", f"{norm}-seed{seed}", norm, seed, loss)
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'without'}")
+    for seed, loss in enumerate((3.25, 3.05)):  # DyT has a bias and is uncentred, like rmsnorm_bias
+        make_run(tmp_path / "sweep", f"dyt-seed{seed}", "dyt", seed, loss)
+
+    (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'with'}")
+
+    assert [r.name for r in group.runs if r.left_out] == []
+    assert [c.label for c in group.comparisons] == [
+        "rmsnorm_bias − layernorm (with bias)", "rmsnorm − layernorm_nobias (without bias)",
+        "dyt − layernorm (no norm: tanh in place of LayerNorm)"]
+    assert all(run.variant.name != "dyt" for c in group.comparisons[:2] for pair in c.pairs for run in pair)
+    assert group.comparisons[2].differences == pytest.approx([0.25, -0.05])
+    without = (tmp_path / "without/summary.md").read_text().splitlines()
+    with_dyt = (tmp_path / "with/summary.md").read_text().splitlines()
+    assert without[4] == OLD_HEADER and "dyt" not in " ".join(without).replace(str(tmp_path), "").lower()
+    # DyT adds rows, a comparison, its note and its columns of the per-layer table; the 2x2 table and every other
+    # line stay as they were
+    assert kept_in_order([line for line in without if line != OLD_HEADER], with_dyt)
+    assert not kept_in_order(without, with_dyt)  # (the header alone names DyT)
+    assert ("| with | layernorm: 3.0500 (2 seeds) | rmsnorm_bias: 3.0750 (2 seeds) | +0.0250 [-0.0385, +0.0885] "
+            "(t over 2 seeds) |") in with_dyt
+    assert "| tiny† | dyt | 2 | 10 | dyt − layernorm (no norm: tanh in place of LayerNorm): +0.1000 [" in "\n".join(
+        with_dyt)
+
+
+def test_dyt_without_a_bias_is_paired_with_layernorm_without_one_else_says_the_bias_differs(tmp_path):
+    no_bias = {"norm.layer.bias": False}
+    for seed in (0, 1):
+        make_run(tmp_path / "a", f"layernorm-seed{seed}", "layernorm", seed, 3.0)
+        make_run(tmp_path / "a", f"dyt-seed{seed}", "dyt", seed, 3.1, settings=no_bias)
+    make_run(tmp_path / "b", "layernorm_nobias-seed0", "layernorm_nobias", 0, 3.05)
+    make_run(tmp_path / "b", "layernorm-seed0", "layernorm", 0, 3.0)
+    make_run(tmp_path / "b", "dyt-seed0", "dyt", 0, 3.1, settings=no_bias)
+
+    for root, label, difference in (
+            ("a", "dyt − layernorm (no norm: tanh in place of LayerNorm; the bias differs too)", 0.1),
+            ("b", "dyt − layernorm_nobias (no norm: tanh in place of LayerNorm, both without bias)", 0.05)):
+        (group,) = group_runs(find_runs([tmp_path / root])[0])
+        (dyt,) = [c for c in group.comparisons if c.pointwise]
+        assert dyt.label == label and dyt.differences == pytest.approx([difference] * len(dyt.pairs))
+
+
+def test_two_dyt_settings_beside_one_layernorm_stay_groups_of_their_own(tmp_path):
+    make_run(tmp_path, "layernorm-seed0", "layernorm", 0)
+    make_run(tmp_path, "dyt-seed0", "dyt", 0, 3.1)
+    make_run(tmp_path, "dyt-alpha-seed0", "dyt", 0, 3.2, settings={"norm.layer.alpha_init": 0.2})
+
+    groups = group_runs(find_runs([tmp_path])[0])
+
+    assert sorted(tuple(sorted(r.name for r in g.runs)) for g in groups) == [
+        ("dyt-alpha-seed0",), ("dyt-seed0",), ("layernorm-seed0",)]  # neither passes for the other's replicate
+    assert all(not r.left_out for g in groups for r in g.runs) and all(not g.comparisons for g in groups)
+    assert any("norm.layer.alpha_init=0.2" in g.distinct for g in groups)
+
+
 def test_runs_written_before_the_subpackages_group_and_pair_with_runs_written_now(tmp_path):
     old_targets = {  # config.yaml of a run written before normlab had subpackages names its classes so
         "norm.layer._target_": "normlab.norms.LayerNorm",
@@ -348,6 +466,11 @@ def test_configs_without_centred_and_bias_keys_are_read_by_the_norm_name(tmp_pat
     assert norm_variant({"name": "rmsnorm_bias"}) == norm_variant({"name": "rmsnorm_bias", "centred": False,
                                                                    "bias": True})
     assert norm_variant({"name": "layernorm_nobias"}).bias is False
+    assert norm_variant({"name": "layernorm"}).normalizes is True  # every run before DyT
+    dyt = norm_variant({"name": "dyt", "centred": False, "normalizes": False, "bias": True})
+    names = ["dyt", "rmsnorm", "layernorm_nobias", "rmsnorm_bias", "layernorm"]
+    assert [v.name for v in sorted([dyt, *map(norm_variant, [{"name": n} for n in names[1:]])], key=lambda v: v.order)
+            ] == names[::-1]
 
 
 def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):

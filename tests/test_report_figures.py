@@ -10,7 +10,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba
 
-from normlab.probe.figure import NORM_COLORS, angles_by_layer_figure
+from normlab.probe.figure import NORM_COLORS, NORM_MARKERS, OTHER_COLORS, angles_by_layer_figure
 from normlab.study.report.figures import (
     ablation_figure,
     angles_training_figure,
@@ -128,6 +128,55 @@ def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure
     assert "final validation loss (step 10), paired by seed" in ax.get_title()
     means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
     assert means == pytest.approx([0.03, -0.01])  # with the bias 3.03 - 3.00 in both seeds, without 3.01 - 3.02
+
+
+DYT_VAL = {("layernorm", 0): {5: 3.60, 10: 3.00}, ("rmsnorm", 0): {5: 3.65, 10: 3.02},
+           ("dyt", 0): {5: 3.90, 10: 3.25},  # dyt − layernorm 0.30, 0.25
+           ("layernorm", 1): {5: 3.70, 10: 3.10}, ("rmsnorm", 1): {5: 3.71, 10: 3.13},
+           ("dyt", 1): {5: 3.75, 10: 3.30}}  # and 0.05, 0.20
+
+
+def test_dyt_is_drawn_in_its_colour_with_its_difference_from_layernorm_on_axes_of_its_own(tmp_path):
+    for (norm, seed), val in DYT_VAL.items():
+        run = make_run(tmp_path, f"{norm}-seed{seed}", norm, seed)
+        plant_losses(run, val)
+        plant_angles(run, 92.0 + seed if norm == "dyt" else 90.0, 0.5)
+    write_ablation(tmp_path / "dyt-seed0", 0.2, 0.15, 0.25)
+    group = group_of(tmp_path)
+
+    losses, final = losses_figure(group), loss_differences_figure(group)
+    angles, ablation = angles_by_layer_figure(group.title, group.series()), ablation_figure(group.title, group.series())
+
+    dyt_color = to_rgba(NORM_COLORS["dyt"])
+    assert dyt_color not in [to_rgba(c) for norm, c in NORM_COLORS.items() if norm != "dyt"] + list(
+        map(to_rgba, OTHER_COLORS)) and NORM_MARKERS["dyt"] not in [m for n, m in NORM_MARKERS.items() if n != "dyt"]
+    val = axis_titled(losses, "validation loss")
+    for seed in (0, 1):
+        line = line_labelled(val, f"dyt seed {seed}")
+        assert to_rgba(line.get_color()) == dyt_color
+        assert list(line.get_ydata()) == pytest.approx(list(DYT_VAL[("dyt", seed)].values()))
+    difference = axis_titled(losses, "dyt − layernorm\n(no norm: tanh in place of LayerNorm)\n")
+    for seed, planted in ((0, [0.30, 0.25]), (1, [0.05, 0.20])):
+        line = line_labelled(difference, f"seed {seed}: its pair's difference")
+        assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
+    assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([0.175, 0.225])
+    assert difference.get_title().endswith(f"step 10: {Interval.of([0.25, 0.20]).text()}")
+    assert "DyT − LayerNorm" in difference.get_ylabel() and "centring" not in difference.get_ylabel()
+    assert "centring helps" in axis_titled(losses, "rmsnorm − layernorm (the bias differs too)\n").get_ylabel()
+    (ax,) = final.axes
+    means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
+    assert means == pytest.approx([0.025, 0.225])  # rmsnorm − layernorm: 0.02, 0.03; dyt − layernorm: 0.25, 0.20
+    seeds = [list(line.get_ydata()) for line in ax.get_lines() if line.get_label().startswith("one seed's pair")]
+    assert seeds[1] == pytest.approx([0.25, 0.20])
+    assert [t.get_text() for t in ax.get_xticklabels()][1] == "dyt − layernorm\n(no norm: tanh in place of LayerNorm)"
+    assert "first − second norm" in ax.get_ylabel() and "centring" not in ax.get_ylabel()
+    mean = errorbar_labelled(axis_titled(angles, "angle to 1 at the norm inputs"),
+                             "dyt: mean of 2 runs, bars ± std over tokens").lines[0]
+    assert mean.get_ydata()[FINAL_INPUT] == pytest.approx(92.5) and to_rgba(mean.get_color()) == dyt_color
+    assert mean.get_marker() == NORM_MARKERS["dyt"]
+    (ax,) = ablation.axes
+    assert errorbar_labelled(ax, "dyt seed 0 centred").lines[0].get_ydata() == pytest.approx([0.1, 0.2])
+    assert "DyT: its input centred before the tanh" in ax.get_title()
 
 
 def plant_seeds(root: Path, angles: dict[str, list[float]], null_sd: dict[str, float]) -> Group:

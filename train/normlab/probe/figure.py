@@ -20,9 +20,9 @@ logging.getLogger("fontTools").setLevel(logging.WARNING)  # its font subsetting 
 
 DPI = 300  # print resolution of the PNG files (the PDF files are vector graphics)
 NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red", "layernorm_nobias": "tab:purple",
-               "rmsnorm_bias": "tab:orange"}
-OTHER_COLORS = ("tab:green", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
-NORM_MARKERS = {"layernorm": "o", "rmsnorm": "s", "layernorm_nobias": "^", "rmsnorm_bias": "D"}
+               "rmsnorm_bias": "tab:orange", "dyt": "tab:green"}
+OTHER_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")  # none of NORM_COLORS'
+NORM_MARKERS = {"layernorm": "o", "rmsnorm": "s", "layernorm_nobias": "^", "rmsnorm_bias": "D", "dyt": "v"}
 SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")  # the k-th seed of a norm
 SEED_LINES = ("-", "--", ":", "-.")
 HATCHES = ("////", "\\\\\\\\", "||||", "----")  # the k-th norm's null band: crossing, never one blended colour

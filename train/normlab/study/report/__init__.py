@@ -4,7 +4,8 @@ LayerNorm's mean subtraction do any work?", as tables (summary.md) and figures (
 Runs are grouped by their whole resolved config less what does not shape the comparison (the seed, the norm
 variant, names, paths, loggers, devices: `comparison_settings`); within a group, a run with a centred norm
 (LayerNorm) and one without (RMSNorm) of the same bias setting and seed form a pair (same initial weights, same
-batches), and the paired differences of their final validation loss give a t-based 95% confidence interval.
+batches), and the paired differences of their final validation loss give a t-based 95% confidence interval. DyT
+(a layer that does not normalize) is paired with LayerNorm the same way, as a comparison of its own.
 Unfinished runs and replicates are shown and flagged, never compared; `.replaced-*` folders (restart=true) are
 skipped. Angles come from each run's angles.csv at its last measured step, ablations from its ablation.csv
 (normlab-ablate). Pretrained models enter as the CSVs of normlab-angles (and normlab-ablate). docs/report.md says

@@ -1,8 +1,9 @@
 """The report's figures beside the per-layer one (probe/figure.py): the loss curves with the paired difference of
-validation loss along training, the paired final validation loss, the uncentred runs' reference comparison, the
-angles across training and the ablation, with the same colours, markers and legends and a title that names the
-step; and which figures a group of runs or a pretrained model gets, each as PDF and PNG. The `*_figure` functions
-build a matplotlib Figure (None where there is nothing to draw); draw_group and draw_pretrained save them."""
+validation loss along training, the paired final validation loss (DyT's against LayerNorm among them), the uncentred
+runs' reference comparison, the angles across training and the ablation, with the same colours, markers and legends
+and a title that names the step; and which figures a group of runs or a pretrained model gets, each as PDF and PNG.
+The `*_figure` functions build a matplotlib Figure (None where there is nothing to draw); draw_group and
+draw_pretrained save them."""
 
 from pathlib import Path
 
@@ -36,6 +37,7 @@ REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 DIFFERENCE_LABEL = "val loss, uncentred − centred,\npaired by seed\n(nats/token; > 0: centring helps)"
+POINTWISE_DIFFERENCE_LABEL = "val loss, DyT − LayerNorm,\npaired by seed\n(nats/token; > 0: LayerNorm better)"
 
 
 def references_figure(title: str, series: list[Series]) -> Figure | None:
@@ -139,9 +141,10 @@ def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     """One comparison's paired difference of validation loss along training: each seed's (grey, its line style and
     marker), their mean (black) and its t 95% interval over the seeds (grey band), the final step annotated."""
     steps, differences = paired_validation(comparison)
+    label = comparison.label.replace(" (", "\n(") if comparison.pointwise else comparison.label  # the longer label
     ax.axhline(0, color="black", lw=0.6)
     if not steps:
-        ax.set_title(comparison.label)
+        ax.set_title(label)
         ax.text(0.5, 0.5, "no validation step common to all its runs", transform=ax.transAxes, ha="center")
         return
     for (centred, _), values in zip(comparison.pairs, differences):
@@ -156,18 +159,19 @@ def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
         ax.fill_between(steps, [i.low for i in intervals], [i.high for i in intervals], color="black", alpha=0.15,
                         lw=0, label=f"t 95% interval over {over}")
     ax.plot([steps[-1]], [final.mean], "D", color="black", ms=4, label="final step (mean, interval: title)")
-    ax.set_title(f"{comparison.label}\nstep {steps[-1]:,}: {final.text()}")  # the legend: over how many seeds
+    ax.set_title(f"{label}\nstep {steps[-1]:,}: {final.text()}")  # the legend: over how many seeds
 
 
 def losses_figure(group: Group) -> Figure:
     """Training and validation loss of every run of the group on axes of their own (colour: norm, line style and
     marker: seed; unfinished runs and replicates labelled), and below them, per comparison, the paired difference
-    of validation loss at each validation step (draw_differences)."""
+    of validation loss at each validation step (draw_differences), two to a row."""
     norms, seeds = [v.name for v in group.variants()], sorted({r.seed for r in group.runs})
-    panels = max(1, len(group.comparisons))
-    mosaic = [["train"] * panels + ["val"] * panels]
-    if group.comparisons:  # each under half of the row above
-        mosaic.append([f"difference {i}" for i in range(panels) for _ in range(2)])
+    per_row = min(2, max(1, len(group.comparisons)))
+    mosaic = [["train"] * per_row + ["val"] * per_row]
+    for first in range(0, len(group.comparisons), per_row):  # each under half of the row above
+        row = [f"difference {i}" for i in range(first, min(first + per_row, len(group.comparisons)))]
+        mosaic.append([panel for panel in row + ["."] * (per_row - len(row)) for _ in range(2)])
     fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 3.4 + 2.6 * (len(mosaic) - 1)), layout="constrained")
     window = 10
     for run in group.runs:
@@ -185,8 +189,10 @@ def losses_figure(group: Group) -> Figure:
     axes["val"].set(title="validation loss (its own y axis)", ylabel="cross-entropy (nats/token)")
     for i, comparison in enumerate(group.comparisons):
         draw_differences(axes[f"difference {i}"], comparison, seeds)
-    if group.comparisons:
-        axes["difference 0"].set_ylabel(DIFFERENCE_LABEL)
+        if comparison.pointwise:  # not the centring's: its own y label
+            axes[f"difference {i}"].set_ylabel(POINTWISE_DIFFERENCE_LABEL)
+        elif i == 0:
+            axes[f"difference {i}"].set_ylabel(DIFFERENCE_LABEL)
     for ax in axes.values():
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
@@ -203,7 +209,8 @@ def loss_differences_figure(group: Group) -> Figure | None:
     comparisons = group.comparisons
     if not comparisons:
         return None
-    fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons), 3.4), layout="constrained")
+    pointwise = sum(c.pointwise for c in comparisons)  # their labels are longer
+    fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons) + 0.8 * pointwise, 3.4), layout="constrained")
     for x, comparison in enumerate(comparisons):
         differences, interval = comparison.differences, comparison.interval
         xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
@@ -219,7 +226,10 @@ def loss_differences_figure(group: Group) -> Figure | None:
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(comparisons)), [c.label.replace(" (", "\n(") for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
-    ax.set_ylabel("final val loss, uncentred − centred\n(nats/token; > 0: centring helps)")
+    if pointwise:  # DyT − LayerNorm among them: not a centring's effect
+        ax.set_ylabel("final val loss, first − second norm\n(nats/token; > 0: the second is better)")
+    else:
+        ax.set_ylabel("final val loss, uncentred − centred\n(nats/token; > 0: centring helps)")
     ax.grid(alpha=0.3, axis="y")
     legend_below(fig, [ax], ncols=1)
     final = steps_title(run.val_step for c in comparisons for pair in c.pairs for run in pair)
@@ -252,7 +262,8 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
     legend_below(fig, [ax])
     steps = steps_title(r.get("step") for *_, rows in drawn for r in rows)
-    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added)\ncheckpoints at {steps}")
+    dyt = "\nDyT: its input centred before the tanh" if any(not s.normalizes for s in series) else ""
+    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added){dyt}\ncheckpoints at {steps}")
     return fig
 
 

@@ -1,6 +1,7 @@
 """Groups, pairs and the paired comparison: runs grouped by their comparison settings (everything but the norm
 variant, the seed and what only names, places, logs or speeds up a run), centred and uncentred runs of a group paired
-by seed, and the series of angle and ablation rows each norm contributes to the tables and figures."""
+by seed, a layer that does not normalize (DyT) paired with LayerNorm by seed, and the series of angle and ablation
+rows each norm contributes to the tables and figures."""
 
 import hashlib
 import json
@@ -15,7 +16,8 @@ from normlab.study.report.intervals import Interval
 from normlab.study.report.runs import Run, Variant
 from normlab.training.run_config import flat
 
-VARIANT_KEYS = ("name", "centred", "bias", "_target_")  # below norm: what tells the variants apart
+VARIANT_KEYS = ("name", "centred", "bias", "normalizes", "_target_")  # below norm: what tells the variants apart
+LAYER_SETTINGS = "norm.layer."  # the layer's own: eps for a norm, alpha_init for DyT
 PAIRING_KEYS = ("seed", "data.seed")
 
 
@@ -41,14 +43,19 @@ def comparison_settings(config: dict) -> dict:
 
 @dataclass
 class Comparison:
-    """Uncentred minus centred (RMS - LN) final validation loss, paired by seed, for one bias setting."""
+    """Uncentred minus centred final validation loss, paired by seed: RMS − LN for one bias setting (the centring's
+    effect), or, `pointwise`, a layer that does not normalize (DyT) − LayerNorm: everything the norm does."""
     bias: bool | None  # None: the two norms differ in the bias too
     centred: str  # the norm names
     uncentred: str
     pairs: list[tuple[Run, Run]]  # (centred, uncentred)
+    pointwise: bool = False
 
     @property
     def label(self) -> str:
+        if self.pointwise:
+            bias = "; the bias differs too" if self.bias is None else "" if self.bias else ", both without bias"
+            return f"{self.uncentred} − {self.centred} (no norm: tanh in place of LayerNorm{bias})"
         bias = "the bias differs too" if self.bias is None else "with bias" if self.bias else "without bias"
         return f"{self.uncentred} − {self.centred} ({bias})"
 
@@ -67,6 +74,7 @@ class Series(AngleSeries):
     (seeds), or of one pretrained model."""
     ablations: list[list[dict]]  # per run
     labels: list[str]  # per run: "seed 0", or the model
+    normalizes: bool = True  # False: DyT, whose ablation centres the input of its tanh
 
 
 def last_rows(rows: list[dict]) -> list[dict]:
@@ -101,7 +109,7 @@ class Group:
     def series_of(self, variant: Variant) -> Series:
         runs = self.compared(variant)
         return Series(variant.name, [r.angles for r in runs], [r.ablation for r in runs],
-                      [f"seed {r.seed}" for r in runs])
+                      [f"seed {r.seed}" for r in runs], variant.normalizes)
 
     def series(self) -> list[Series]:
         return [self.series_of(v) for v in self.variants() if self.compared(v)]
@@ -109,15 +117,18 @@ class Group:
     def check_and_pair(self) -> None:
         """Flag unfinished runs and replicates (left out), then pair centred and uncentred runs by seed: per bias
         setting (a 2x2 sweep gives two comparisons), else the one centred and the one uncentred norm left (the
-        paper's LayerNorm and RMSNorm: the bias differs too)."""
+        paper's LayerNorm and RMSNorm: the bias differs too). A layer that does not normalize (DyT) stays out of
+        those cells: it is paired with the centred norm of its bias setting, else the one with a bias."""
         cells: dict[tuple[bool, bool], dict[tuple, Run]] = defaultdict(dict)  # (centred, bias) -> pairing -> run
+        pointwise: dict[Variant, dict[tuple, Run]] = defaultdict(dict)  # the layers that do not normalize
         for run in sorted(self.runs, key=lambda r: (-(r.val_step or 0), r.name)):
-            cell = cells[(run.variant.centred, run.variant.bias)]
+            variant = run.variant
+            cell = cells[(variant.centred, variant.bias)] if variant.normalizes else pointwise[variant]
             if run.unfinished:
                 run.left_out = f"{run.unfinished}: left out"
             elif run.pairing in cell:
-                run.left_out = (f"same settings, centring, bias and seed as {cell[run.pairing].name}: a replicate, "
-                                "left out")
+                same = "centring, bias" if variant.normalizes else "layer"
+                run.left_out = f"same settings, {same} and seed as {cell[run.pairing].name}: a replicate, left out"
             else:
                 cell[run.pairing] = run
         matched = [((True, bias), (False, bias), bias) for bias in (True, False)
@@ -129,12 +140,43 @@ class Group:
         for centred, uncentred, bias in matched:
             common = sorted(cells[centred].keys() & cells[uncentred].keys())
             if common:
-                names = ["/".join(sorted({r.variant.name for r in cells[c].values()})) for c in (centred, uncentred)]
+                names = [cell_names(cells[c]) for c in (centred, uncentred)]
                 self.comparisons.append(
                     Comparison(bias, *names, [(cells[centred][p], cells[uncentred][p]) for p in common]))
+        for variant, runs in sorted(pointwise.items(), key=lambda item: item[0].order):
+            shared = [key for key in ((True, variant.bias), (True, True)) if cells.get(key, {}).keys() & runs.keys()]
+            if shared:
+                reference = cells[shared[0]]
+                pairs = [(reference[p], runs[p]) for p in sorted(reference.keys() & runs.keys())]
+                bias = variant.bias if shared[0][1] == variant.bias else None
+                self.comparisons.append(Comparison(bias, cell_names(reference), variant.name, pairs, pointwise=True))
         paired = {id(run) for c in self.comparisons for pair in c.pairs for run in pair}
         for run in [r for cell in cells.values() for r in cell.values() if id(r) not in paired]:
             run.note = "no run of the other norm with its seed: in the angle tables, not in the loss comparison"
+        for run in [r for cell in pointwise.values() for r in cell.values() if id(r) not in paired]:
+            run.note = "no LayerNorm run with its seed: in the angle tables, not in the loss comparison"
+
+
+def cell_names(cell: dict[tuple, Run]) -> str:
+    return "/".join(sorted({r.variant.name for r in cell.values()}))
+
+
+def join_pointwise(groups: list[Group]) -> list[Group]:
+    """Groups of layers that do not normalize (DyT) joined to the group of norms trained beside them: their settings
+    differ in the layer's own (alpha_init, no eps), so each joins the one group of norms whose other settings are
+    equal, where no other such group matches it (two DyT settings in one group would pass for replicates); any
+    other stays a group of its own."""
+    norms, pointwise = defaultdict(list), defaultdict(list)
+    for group in groups:
+        others = {k: v for k, v in group.settings.items() if not k.startswith(LAYER_SETTINGS)}
+        normalizes = any(r.variant.normalizes for r in group.runs)
+        (norms if normalizes else pointwise)[json.dumps(others, sort_keys=True, default=str)].append(group)
+    joined = set()
+    for key, found in pointwise.items():
+        if len(found) == 1 and len(norms.get(key, [])) == 1:
+            norms[key][0].runs += found[0].runs
+            joined.add(id(found[0]))
+    return [g for g in groups if id(g) not in joined]
 
 
 def group_runs(runs: list[Run]) -> list[Group]:
@@ -143,7 +185,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         settings = comparison_settings(run.config)
         key = json.dumps(settings, sort_keys=True, default=str)
         by_settings.setdefault(key, Group(settings, [])).runs.append(run)
-    groups = sorted(by_settings.values(), key=lambda g: (g.model, g.runs[0].name))
+    groups = sorted(join_pointwise(list(by_settings.values())), key=lambda g: (g.model, g.runs[0].name))
     for group in groups:
         others = [g.settings for g in groups if g is not group and g.model == group.model]  # the title names it
         differing = sorted(

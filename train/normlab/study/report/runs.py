@@ -15,23 +15,26 @@ from normlab.probe.table import AnalysisError, DamagedTable, read_rows
 @dataclass(frozen=True)
 class Variant:
     """A norm as the comparison sees it: centred (removes the component along 1: LayerNorm) or not, with a bias
-    or without."""
+    or without; `normalizes` False for a point-wise layer in a norm's place (DyT), which the report compares with
+    LayerNorm, never in the centring's pairs."""
     name: str
     centred: bool
     bias: bool
+    normalizes: bool = True
 
     @property
-    def order(self) -> tuple:
-        return (not self.bias, not self.centred, self.name)  # layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm
+    def order(self) -> tuple:  # layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm, then dyt
+        return (not self.normalizes, not self.bias, not self.centred, self.name)
 
 
 def norm_variant(norm: dict) -> Variant:
-    """From config.yaml's `norm`: its `centred` and `bias` keys, or (configs before them) inferred from the name:
-    layernorm centred with a bias, rmsnorm neither, a `_bias`/`_nobias` suffix setting the bias."""
+    """From config.yaml's `norm`: its `centred`, `bias` and `normalizes` keys, or (configs before them) inferred from
+    the name: layernorm centred with a bias, rmsnorm neither, a `_bias`/`_nobias` suffix setting the bias, and every
+    layer a norm."""
     name = str(norm["name"])
     centred = norm.get("centred", name.startswith("layernorm"))
     named_bias = False if name.endswith("_nobias") else True if name.endswith("_bias") else centred
-    return Variant(name, bool(centred), bool(norm.get("bias", named_bias)))
+    return Variant(name, bool(centred), bool(norm.get("bias", named_bias)), bool(norm.get("normalizes", True)))
 
 
 INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions", "resampling_units"}

@@ -60,10 +60,11 @@ def comparison_table(group: Group) -> str:
 def factorial_table(group: Group) -> str:
     """The 2x2 of centring and bias, where the group has finished runs of all four: each cell's mean final
     validation loss over its seeds, each factor's effect paired by seed within a level of the other, and their
-    interaction (the centring's effect with a bias minus without), over the seeds every cell has."""
+    interaction (the centring's effect with a bias minus without), over the seeds every cell has. A layer that does
+    not normalize (DyT) is in no cell."""
     cells: dict[tuple[bool, bool], dict[tuple, Run]] = {}
     for run in group.runs:
-        if not run.left_out:
+        if not run.left_out and run.variant.normalizes:
             cells.setdefault((run.variant.centred, run.variant.bias), {})[run.pairing] = run
     if len(cells) < 4:
         return ""

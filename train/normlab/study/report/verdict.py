@@ -12,6 +12,7 @@ from normlab.study.report.pretrained import Pretrained
 
 DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
+POINTWISE_ABLATIONS = {"centred": "centred (before the tanh)"}  # what normlab-ablate does to DyT
 
 
 def seeds_text(count: int) -> str:
@@ -55,7 +56,7 @@ def ablation_cell(series: Series, command: str, row_steps: set[int] = frozenset(
         return f"not run ({command})"
     cells = []
     for kind, found in sorted(runs.items()):
-        prefix = f"{kind}: " if kind else ""
+        prefix = f"{kind if series.normalizes else POINTWISE_ABLATIONS.get(kind, kind)}: " if kind else ""
         steps = step_note({row["step"] for _, row, _ in found if row.get("step") is not None}, set(row_steps))
         per_seed = [f"{label} {bootstrap_text(row)}" for label, row, _ in found]
         if len(found) == 1:
@@ -113,12 +114,16 @@ def angle_cells(series: Series, row_steps: set[int] = frozenset()) -> AngleCells
     return AngleCells(deviation, share_text)
 
 
-VERDICT_HEADER = ("| model | norm | runs | step | final val loss, uncentred − centred, paired by seed: mean [95% "
-                  "t interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same "
-                  "mean to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at "
-                  "the norm inputs | ablation at every norm (centring removed from LN, added to RMS): Δ loss [95% "
-                  "interval: t over seeds, bootstrap for one run] |\n"
-                  "|---|---|---:|---:|---|---|---|---|")
+def verdict_header(pointwise: bool) -> str:
+    """The table's header; `pointwise`: it has DyT rows, whose loss is against LayerNorm and whose ablation centres
+    the tanh's input."""
+    loss = "uncentred − centred" + (" (DyT: − LayerNorm)" if pointwise else "")
+    ablation = "centring removed from LN, added to RMS" + (" and before DyT's tanh" if pointwise else "")
+    return (f"| model | norm | runs | step | final val loss, {loss}, paired by seed: mean [95% t interval] | mean "
+            "angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same mean to random "
+            "directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm inputs | "
+            f"ablation at every norm ({ablation}): Δ loss [95% interval: t over seeds, bootstrap for one run] |\n"
+            "|---|---|---:|---:|---|---|---|---|")
 
 
 def loss_cell(comparison: Comparison) -> str:
@@ -197,19 +202,26 @@ def verdict(groups: list[Group], pretrained: list[Pretrained]) -> tuple[str, str
     """The verdict table (its header, a row per group and norm, one per pretrained model) and its footnotes."""
     cells: list[AngleCells] = []
     rows = [r for g in groups for r in verdict_rows(g, cells)] + [pretrained_row(m, cells) for m in pretrained]
-    return "\n".join([VERDICT_HEADER, *rows]) + "\n", footnotes(groups, cells)
+    pointwise = any(not s.normalizes for g in groups for s in g.series())
+    return "\n".join([verdict_header(pointwise), *rows]) + "\n", footnotes(groups, cells)
 
 
 def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
     notes = []
     if any(g.model in DEMO_MODELS for g in groups):
         notes.append(f"† {DEMO_NOTE}.")
-    both = sorted({c.label for g in groups for c in g.comparisons if c.bias is None})
+    both = sorted({c.label for g in groups for c in g.comparisons if c.bias is None and not c.pointwise})
     if both:
         notes.append(f"{', '.join(both)}: these runs differ in the bias as well as in the centring (LayerNorm has a "
                      "bias β, RMSNorm none), so the difference is not the centring's alone. The sweep "
                      "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
                      "table below the verdict).")
+    if pointwise := sorted({s.norm for g in groups for s in g.series() if not s.normalizes}):
+        notes.append(f"{', '.join(pointwise)}: no norm at all (γ tanh(αx) + β where LayerNorm centres and rescales "
+                     "by a statistic of x), so its loss cell can support a difference from LayerNorm in everything the "
+                     "norm does (whether their mean final loss over seeds differs, at this size and step), not the "
+                     "centring's effect, which only the uncentred − centred rows measure; its ablation centres its "
+                     "inputs before the tanh.")
     if any(not c.measured_null for c in cells):
         notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files "
                      "have no null_random_std_deg (the spread of the mean angle over random directions). Tokens of "
