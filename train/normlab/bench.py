@@ -2,8 +2,8 @@
 written to a file. The sections:
 
     framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
-    norms          LayerNorm and RMSNorm forward+backward, the project's and torch's, fp32 and bf16
-    step           a whole training step, RMS vs LN (on a GPU: the 410m model, and its MFU)
+    norms          LayerNorm, RMSNorm and DyT forward+backward, the project's and torch's, fp32 and bf16
+    step           a whole training step, RMS and DyT vs LN (on a GPU: the 410m model, and its MFU)
     prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
     angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
     preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
@@ -28,6 +28,7 @@ from pathlib import Path
 from normlab.common.paths import CONF_DIR
 
 SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
+ARMS = {"layernorm": "LN", "rmsnorm": "RMS", "dyt": "DyT"}  # the norms of bench_step, and their short names
 CHECKS = ["preflight"]  # pass/fail checks: run only when named
 
 
@@ -54,22 +55,24 @@ def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
 
 
 def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
-    """The project's LayerNorm and RMSNorm modules and torch's functions, forward+backward at the paper widths."""
+    """The project's LayerNorm, RMSNorm and DyT modules and torch's LayerNorm and RMSNorm functions,
+    forward+backward at the paper widths."""
     import torch
     import torch.nn.functional as F
 
-    from normlab.model.norms import LayerNorm, RMSNorm
+    from normlab.model.norms import DyT, LayerNorm, RMSNorm
 
     results = []
     for dtype in (torch.float32, torch.bfloat16):
         for d in (512, 768, 1024, 2048):
             x = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=True)
             grad = torch.randn_like(x)
-            ln, rms = LayerNorm(d).to(device, dtype), RMSNorm(d).to(device, dtype)
+            ln, rms, dyt = (norm(d).to(device, dtype) for norm in (LayerNorm, RMSNorm, DyT))
             t = interleaved(
                 {
                     "ln": lambda: ln(x).backward(grad),
                     "rms": lambda: rms(x).backward(grad),
+                    "dyt": lambda: dyt(x).backward(grad),
                     "torch_ln": lambda: F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps).backward(grad),
                     "torch_rms": lambda: F.rms_norm(x, (d,), rms.weight, rms.eps).backward(grad),
                 },
@@ -81,7 +84,7 @@ def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
                     f"norm forward+backward, {str(dtype)[6:]}, d={d} ({rows} rows, {device.type})",
                     f"RMSNorm / LayerNorm {t['rms'] / t['ln']:.2f} (target <= 1); torch's RMSNorm / LayerNorm "
                     f"{t['torch_rms'] / t['torch_ln']:.2f}; ours / torch's: LayerNorm {t['ln'] / t['torch_ln']:.2f}, "
-                    f"RMSNorm {t['rms'] / t['torch_rms']:.2f}",
+                    f"RMSNorm {t['rms'] / t['torch_rms']:.2f}; DyT / LayerNorm {t['dyt'] / t['ln']:.2f}",
                 )
             )
     return results
@@ -109,9 +112,9 @@ def compose(overrides: list[str]):
 
 
 def bench_step(device, repeats: int) -> list[tuple[str, str]]:
-    """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with LN and with RMS, on
-    the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its MFU; on CPU a 2-layer
-    model of the 70m width."""
+    """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with LN, with RMS and with
+    DyT, on the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its MFU; on CPU a
+    2-layer model of the 70m width."""
     import torch
 
     from normlab.training.pipeline import build_module
@@ -122,7 +125,7 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
     else:
         shape, batch = ["model=70m", "model.n_layer=2", "model.block_size=256"], 4
     steps, modules = {}, {}
-    for norm in ("layernorm", "rmsnorm"):
+    for norm in ARMS:
         cfg = compose([*shape, f"norm={norm}"])
         module = modules[norm] = build_module(cfg).to(device)
         optimizer = module.configure_optimizers()["optimizer"]
@@ -142,10 +145,11 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
     name = f"{shape[0][6:]}{'' if device.type == 'cuda' else ' (2 layers)'}, {batch}x{tokens // batch} tokens"
     rows = [
         (
-            f"training step RMS / LN ({name}, {device.type})",
-            f"{t['rmsnorm'] / t['layernorm']:.3f} (target <= 1); LN {tokens / t['layernorm']:,.0f} tokens/s, "
-            f"RMS {tokens / t['rmsnorm']:,.0f} tokens/s",
+            f"training step {ARMS[norm]} / LN ({name}, {device.type})",
+            f"{t[norm] / t['layernorm']:.3f}{' (target <= 1)' if norm == 'rmsnorm' else ''}; "
+            f"LN {tokens / t['layernorm']:,.0f} tokens/s, {ARMS[norm]} {tokens / t[norm]:,.0f} tokens/s",
         )
+        for norm in ("rmsnorm", "dyt")
     ]
     if peak := peak_flops(device):
         for norm in steps:
