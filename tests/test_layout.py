@@ -117,7 +117,9 @@ def test_the_checks_catch_a_planted_upward_import_a_circle_and_an_oversized_clas
     graph, before = import_graph(root), import_graph(PACKAGE_DIR)  # what the planted faults add
     added = set(upward_imports(graph)) - set(upward_imports(before))
     assert added == {"normlab.model.norms imports normlab.study", "normlab.model.norms imports normlab.study.report"}
-    assert [c for c in circles(graph) if c not in circles(before)] == [
-        ["normlab.common.one", "normlab.common.two", "normlab.common.one"]]
+    planted = ["normlab.common.one", "normlab.common.two", "normlab.common.one"]
+    new_circles = [c for c in circles(graph) if c not in circles(before)]
+    assert planted in new_circles  # the other new ones go through the upward import (the study imports the model)
+    assert all(c == planted or c[:2] == ["normlab.model.norms", "normlab.study.report"] for c in new_circles)
     assert set(oversized(root)) - set(oversized(PACKAGE_DIR)) == {f"data/big.py: class Big: {CLASS_LINES + 1} lines"}
 
