@@ -6,6 +6,7 @@ the converted run directory is read by normlab-angles, -ablate (the centring it 
 -sample; an RMSNorm run, a missing path and an existing out are refused in one line, nothing written. A tiny random
 Hugging Face GPT-2 directory converts to the same logits."""
 
+import csv
 import hashlib
 import json
 import shutil
@@ -192,6 +193,19 @@ def test_normlab_export_and_sample_read_the_converted_run(converted_run):
     sampled = run_cli("normlab-sample", f"model_path={converted_run}", "max_new_tokens=4", "device=cpu")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sampled.stdout.startswith("----- sample 0 (seed 0) -----\n<|endoftext|>")
+
+
+def test_normlab_eval_scores_the_converted_run_as_the_source(sweep, converted_run, tmp_path):
+    """The held-out perplexity of the converted run equals the source's (a copy: the session's run stays as it is)."""
+    source = Path(shutil.copytree(run_of(sweep, "layernorm"), tmp_path / "source"))
+    losses = []
+    for run in (source, converted_run):
+        result = run_cli("normlab-eval", f"model_path={run}", "tasks=[perplexity_embedded]", "device=cpu")
+        assert result.returncode == 0, result.stderr[-3000:]
+        with open(run / "eval" / "results.csv") as f:
+            (loss,) = [float(r["value"]) for r in csv.DictReader(f) if r["metric"] == "loss"]
+        losses.append(loss)
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
 
 
 def test_the_default_out_lies_beside_the_run_and_is_never_written_over(sweep, tmp_path):
