@@ -240,3 +240,16 @@ def test_a_file_write_replaces_the_file_whole_or_not_at_all(tmp_path, monkeypatc
     with pytest.raises(outputs.OutputError, match=f"cannot write {path} .No space left on device."):
         outputs.write_file(path, "new")
     assert path.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["bench.md"]
+
+
+def test_a_new_only_staging_leaves_a_folder_that_appeared_meanwhile_as_it_was(tmp_path):
+    """staging(replace=False), as normlab-convert writes a new run directory: a folder that another process created at
+    out while the output was written is neither moved aside nor deleted; the staging folder is removed."""
+    out = tmp_path / "run-rms"
+    with pytest.raises(OSError):
+        with outputs.staging(out, "normlab-convert", replace=False) as folder:
+            (folder / "config.yaml").write_text("ours\n")
+            out.mkdir()
+            (out / "theirs.txt").write_text("theirs\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-rms"]
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"] and (out / "theirs.txt").read_text() == "theirs\n"

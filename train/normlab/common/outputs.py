@@ -227,16 +227,17 @@ def remove_leftovers(out: Path, writer: str) -> None:
 
 
 @contextmanager
-def staging(out: Path, writer: str) -> Iterator[Path]:
+def staging(out: Path, writer: str, replace: bool = True) -> Iterator[Path]:
     """A new folder beside `out` to write the output into. When the block succeeds, it replaces `out` (the old
     folder is renamed aside, the new one into place, then the old one deleted); when the block fails, it is removed
-    and `out` is left as it was."""
+    and `out` is left as it was. replace=False: `out` must not exist; one that appeared meanwhile is never moved
+    aside (the rename into place fails on a file or a folder with anything in it)."""
     remove_leftovers(out, writer)
     new, old = (out.parent / f".{out.name}.{kind}-{HOST}-{os.getpid()}" for kind in ("staging", "old"))
     new.mkdir(parents=True)
     try:
         yield new
-        if out.exists():
+        if out.exists() and replace:
             out.rename(old)
         new.rename(out)
     except BaseException:
