@@ -1,8 +1,10 @@
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 from filelock import FileLock
 from hydra import compose, initialize_config_dir
 
+import preloaded
 from normlab.common.paths import CONF_DIR, DATA_DIR
 
 # Two test workers share the machine's cores, and each process they start runs torch with a thread per core: libgomp's
@@ -62,10 +65,46 @@ def compose_config(config_name: str = "train", overrides: list[str] = (), with_h
         return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
-def run_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+# A command that a test starts spends its first 5 CPU seconds importing torch, torch._dynamo and torchmetrics (the
+# last two through Lightning): half of a FAST_TRAIN run, most of a bad-input case. run_cli forks the commands from
+# a server that has imported those once per test worker (multiprocessing's forkserver). Each command is still a
+# process of its own (its exit status, output, signal handlers, environment and working directory), which imports
+# Lightning, Hydra's app and normlab itself, in the order a fresh process does (Lightning sets up its logging at
+# import according to what Hydra set up before). A command whose environment differs from the server's in a variable
+# that the preloaded libraries may read at import (READ_AT_IMPORT), or a test that asks for fresh=True (what a
+# process prints from its very start), gets a fresh process; NORMLAB_TEST_FRESH_PROCESSES=1 gives every command one.
+PRELOADED = ["preloaded", "torch", "torch._dynamo", "torchmetrics"]
+READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "CUDA", "HF_", "HUGGINGFACE", "TRANSFORMERS",
+                  "TOKENIZERS", "MALLOC_", "LD_", "PYTHON")
+COMMANDS = multiprocessing.get_context("forkserver")
+COMMANDS.set_forkserver_preload(PRELOADED)
+server_env: dict[str, str] = {}  # the environment the server started with
+
+
+def read_at_import(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
+
+
+def run_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = None,
+            fresh: bool = False) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # None removes a variable
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)
+    command = [str(BIN / tool), *args]
+    if (fresh or read_at_import(full_env) != read_at_import(server_env or os.environ)
+            or os.environ.get("NORMLAB_TEST_FRESH_PROCESSES") == "1"):
+        return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)
+    server_env.update(server_env or os.environ)  # the first command starts the server with the worker's environment
+    with tempfile.TemporaryDirectory() as out:
+        stdout, stderr = Path(out) / "stdout", Path(out) / "stderr"
+        process = COMMANDS.Process(target=preloaded.run_command, args=(
+            tool, command[0], list(args), full_env, str(cwd or os.getcwd()), str(stdout), str(stderr)))
+        process.start()
+        process.join(600)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(command, 600)
+        return subprocess.CompletedProcess(command, process.exitcode, stdout.read_text(), stderr.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -236,7 +236,7 @@ def test_a_job_log_shows_progress_lines_and_no_library_noise(prepared, tmp_path)
     Lightning's and wandb's messages reduced to what a user reads (the wandb logger on, offline)."""
     overrides = [o for o in FAST_TRAIN if not o.startswith("logger=")]
     overrides += ["callbacks.throughput.print_every=4", "callbacks.throughput.print_every_seconds=null"]
-    result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides)
+    result = run_cli("normlab-train", f"run_dir={tmp_path}", *overrides, fresh=True)  # all it prints, imports too
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stdout + result.stderr
     with open(tmp_path / "metrics.csv", newline="") as f:
