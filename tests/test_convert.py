@@ -172,6 +172,18 @@ def test_normlab_angles_finds_the_converted_norm_inputs_at_90_degrees_to_1(sweep
         assert row["mean_cos2"] < 1e-10 < 1e-4 < trained_rows[key]["mean_cos2"], key
         assert abs(row["mean_deg"] - 90) < 1e-3, key
 
+    # normlab-report takes the converted run through its angles CSV (it has no training metrics to compare)
+    refused = run_cli("normlab-report", f"runs={converted_run}", f"out={tmp_path / 'report'}")
+    assert refused.returncode == 2 and not (tmp_path / "report").exists()
+    assert refused.stderr == (f"normlab-report: error: no run (metrics.csv + config.yaml) under {converted_run}: "
+                              f"{converted_run} has no training metrics (a run of normlab-convert, say); give the CSV "
+                              f"of `normlab-angles model_path={converted_run}` as csvs=[...]\n")
+    reported = run_cli("normlab-report", f"csvs=[{tmp_path / 'angles.csv'}]", f"out={tmp_path / 'report'}")
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    (row,) = [line for line in (tmp_path / "report" / "summary.md").read_text().splitlines()
+              if line.startswith("| ln-rms ")]
+    assert "| rmsnorm_bias | 1 | 6 |" in row and "90.00°)" in row, row
+
 
 def test_normlab_ablate_finds_that_centring_the_converted_model_changes_nothing(converted_run):
     result = run_cli("normlab-ablate", f"model_path={converted_run}", "probe.tokens=2048", "bootstrap=100",

@@ -43,7 +43,10 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
     runs, replaced = find_runs(paths)
     pretrained = load_pretrained(list(csvs))
     if not runs and not pretrained:
-        raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}")
+        untrained = [p for p in paths if (p / "config.yaml").is_file() and not (p / "metrics.csv").exists()]
+        hint = (f": {untrained[0]} has no training metrics (a run of normlab-convert, say); give the CSV of "
+                f"`normlab-angles model_path={untrained[0]}` as csvs=[...]") if untrained else ""
+        raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}{hint}")
     groups = group_runs(runs)
     table, notes = verdict(groups, pretrained)
     head = f"# normlab report\n\n## Verdict\n\n{table}\n{notes}{HOW_TO_READ}\n"
