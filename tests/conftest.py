@@ -79,6 +79,7 @@ READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "CUDA", "
 COMMANDS = multiprocessing.get_context("forkserver")
 COMMANDS.set_forkserver_preload(PRELOADED)
 server_env: dict[str, str] = {}  # the environment the server started with
+TIMEOUT = 600  # seconds a command may take
 
 
 def read_at_import(env: dict) -> dict:
@@ -92,18 +93,19 @@ def run_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = N
     command = [str(BIN / tool), *args]
     if (fresh or read_at_import(full_env) != read_at_import(server_env or os.environ)
             or os.environ.get("NORMLAB_TEST_FRESH_PROCESSES") == "1"):
-        return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600)
-    server_env.update(server_env or os.environ)  # the first command starts the server with the worker's environment
+        return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=TIMEOUT)
+    if not server_env:  # this command starts the server, with the worker's environment
+        server_env.update(os.environ)
     with tempfile.TemporaryDirectory() as out:
         stdout, stderr = Path(out) / "stdout", Path(out) / "stderr"
         process = COMMANDS.Process(target=preloaded.run_command, args=(
             tool, command[0], list(args), full_env, str(cwd or os.getcwd()), str(stdout), str(stderr)))
         process.start()
-        process.join(600)
+        process.join(TIMEOUT)
         if process.exitcode is None:
             process.kill()
             process.join()
-            raise subprocess.TimeoutExpired(command, 600)
+            raise subprocess.TimeoutExpired(command, TIMEOUT)
         return subprocess.CompletedProcess(command, process.exitcode, stdout.read_text(), stderr.read_text())
 
 
