@@ -2,6 +2,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -66,13 +67,14 @@ def compose_config(config_name: str = "train", overrides: list[str] = (), with_h
 
 
 # A command that a test starts spends its first 5 CPU seconds importing torch, torch._dynamo and torchmetrics (the
-# last two through Lightning): half of a FAST_TRAIN run, most of a bad-input case. run_cli forks the commands from
-# a server that has imported those once per test worker (multiprocessing's forkserver). Each command is still a
-# process of its own (its exit status, output, signal handlers, environment and working directory), which imports
-# Lightning, Hydra's app and normlab itself, in the order a fresh process does (Lightning sets up its logging at
-# import according to what Hydra set up before). A command whose environment differs from the server's in a variable
-# that the preloaded libraries may read at import (READ_AT_IMPORT), or a test that asks for fresh=True (what a
-# process prints from its very start), gets a fresh process; NORMLAB_TEST_FRESH_PROCESSES=1 gives every command one.
+# last two through Lightning): half of a FAST_TRAIN run, most of a bad-input case. start_cli (run_cli waits for its
+# end) forks the commands from a server that has imported those once per test worker (multiprocessing's forkserver).
+# Each command is still a process of its own (its pid, exit status, output, signal handlers, environment and working
+# directory), which imports Lightning, Hydra's app and normlab itself, in the order a fresh process does (Lightning
+# sets up its logging at import according to what Hydra set up before). A command whose environment differs from the
+# server's in a variable that the preloaded libraries may read at import (READ_AT_IMPORT), or a test that asks for
+# fresh=True (what a process prints from its very start), gets a fresh process; NORMLAB_TEST_FRESH_PROCESSES=1 gives
+# every command one.
 PRELOADED = ["preloaded", "torch", "torch._dynamo", "torchmetrics"]
 READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "CUDA", "HF_", "HUGGINGFACE", "TRANSFORMERS",
                   "TOKENIZERS", "MALLOC_", "LD_", "PYTHON")
@@ -86,27 +88,77 @@ def read_at_import(env: dict) -> dict:
     return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
 
 
+class Command:
+    """A command that start_cli started: a process of its own, with Popen's pid, poll, returncode, send_signal, kill
+    and communicate. Its stdout and stderr go to files, read when it has ended: a pipe that nobody reads while the
+    test waits for the run's files could fill up and stall the command."""
+
+    def __init__(self, tool: str, args: list[str], env: dict, cwd: str, fresh: bool):
+        self.args = [str(BIN / tool), *args]
+        self._out = tempfile.TemporaryDirectory()
+        self._stdout, self._stderr = Path(self._out.name) / "stdout", Path(self._out.name) / "stderr"
+        if fresh:
+            with open(self._stdout, "w") as stdout, open(self._stderr, "w") as stderr:
+                self._popen = subprocess.Popen(self.args, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+            self.pid = self._popen.pid
+        else:
+            self._process = COMMANDS.Process(target=preloaded.run_command, args=(
+                tool, self.args[0], args, env, cwd, str(self._stdout), str(self._stderr)))
+            self._process.start()
+            self.pid = self._process.pid
+            self._popen = None
+
+    def poll(self) -> int | None:
+        """The exit status once ended (-N: killed by signal N), else None."""
+        return self._popen.poll() if self._popen else self._process.exitcode
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float = TIMEOUT) -> tuple[str, str]:
+        """Waits for the end (TimeoutExpired after `timeout` s, the command still running): (stdout, stderr)."""
+        if self._popen:
+            self._popen.wait(timeout)
+        else:
+            self._process.join(timeout)
+            if self._process.exitcode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        output = self._stdout.read_text(), self._stderr.read_text()
+        self._out.cleanup()
+        return output
+
+
+def start_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = None, fresh: bool = False) -> Command:
+    """Starts the installed command `tool` with `args` (WANDB_MODE=offline; `env` on top of the test's environment,
+    None removing a variable), forked from the preloading server unless it needs a fresh process."""
+    full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
+    full_env = {k: v for k, v in full_env.items() if v is not None}
+    fresh = (fresh or read_at_import(full_env) != read_at_import(server_env or os.environ)
+             or os.environ.get("NORMLAB_TEST_FRESH_PROCESSES") == "1")
+    if not fresh and not server_env:  # this command starts the server, with the worker's environment
+        server_env.update(os.environ)
+    return Command(tool, list(args), full_env, str(cwd or os.getcwd()), fresh)
+
+
 def run_cli(tool: str, *args: str, env: dict | None = None, cwd: Path | None = None,
             fresh: bool = False) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "WANDB_MODE": "offline", **(env or {})}
-    full_env = {k: v for k, v in full_env.items() if v is not None}  # None removes a variable
-    command = [str(BIN / tool), *args]
-    if (fresh or read_at_import(full_env) != read_at_import(server_env or os.environ)
-            or os.environ.get("NORMLAB_TEST_FRESH_PROCESSES") == "1"):
-        return subprocess.run(command, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=TIMEOUT)
-    if not server_env:  # this command starts the server, with the worker's environment
-        server_env.update(os.environ)
-    with tempfile.TemporaryDirectory() as out:
-        stdout, stderr = Path(out) / "stdout", Path(out) / "stderr"
-        process = COMMANDS.Process(target=preloaded.run_command, args=(
-            tool, command[0], list(args), full_env, str(cwd or os.getcwd()), str(stdout), str(stderr)))
-        process.start()
-        process.join(TIMEOUT)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(command, TIMEOUT)
-        return subprocess.CompletedProcess(command, process.exitcode, stdout.read_text(), stderr.read_text())
+    """start_cli's command run to its end (killed after TIMEOUT s): its exit status, stdout and stderr."""
+    command = start_cli(tool, *args, env=env, cwd=cwd, fresh=fresh)
+    try:
+        stdout, stderr = command.communicate(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        command.kill()
+        command.communicate()
+        raise
+    return subprocess.CompletedProcess(command.args, command.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="session")

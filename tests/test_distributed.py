@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import BIN, compose_config
+from conftest import Command, compose_config, run_cli, start_cli
 from normlab.model.norms import LayerNorm
 from normlab.probe.hooks import AngleProbe
 from normlab.probe.sites import NormSite
@@ -46,18 +46,27 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 
 def train(*args: str) -> None:
-    result = subprocess.run([BIN / "normlab-train", *RUN, *args], env=ENV, capture_output=True, text=True, timeout=600)
+    result = run_cli("normlab-train", *RUN, *args)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def launch(command: list[str]) -> Command | subprocess.Popen:
+    """normlab-train (its DDP ranks included) from conftest's preloading server; torchrun, which starts its own."""
+    if command[0] == "normlab-train":
+        return start_cli(*command)
+    return subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def interrupted(commands: list[list[str]], run_dir: Path, at_step: int = 3) -> int:
     """Start `commands` (the processes of one launch), SIGTERM them all once `at_step` steps are logged, expect the
     save-and-stop exit (143), then start them again and let the run finish. Returns the step it resumed from."""
-    processes = [subprocess.Popen(c, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-                 for c in commands]
+    processes = [launch(c) for c in commands]
     deadline = time.monotonic() + 300
     while not (run_dir / "metrics.csv").is_file() or len(losses(run_dir)) < at_step:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), processes[0].stderr.read()
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            for process in processes:
+                process.kill()
+            raise AssertionError(f"no step {at_step} logged: {processes[0].communicate()[1][-3000:]}")
         time.sleep(0.05)
     for process in processes:
         process.send_signal(signal.SIGTERM)
@@ -68,8 +77,7 @@ def interrupted(commands: list[list[str]], run_dir: Path, at_step: int = 3) -> i
     stop = stops[-1]
     resumed_from = int(stop.split(" at step ")[1].split(";")[0])
     assert at_step <= resumed_from < STEPS
-    results = [subprocess.Popen(c, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-               for c in commands]
+    results = [launch(c) for c in commands]
     for process in results:
         _, err = process.communicate(timeout=600)
         assert process.returncode == 0, err[-3000:]
@@ -119,15 +127,15 @@ def test_fsdp_shards_block_by_block_and_trains_like_ddp_resuming_exactly(ddp, tm
     assert all(torch.allclose(sharded[k], replicated[k], atol=1e-3) for k in sharded)
     module = build_module(compose_config("train", ["model.n_layer=2"]))
     module.load_state_dict(sharded)
-    measured = subprocess.run([BIN / "normlab-angles", f"model_path={whole / 'checkpoints' / 'last.ckpt'}",
-                               "probe.tokens=4096", f"out={tmp_path / 'angles.csv'}"], capture_output=True, text=True)
+    measured = run_cli("normlab-angles", f"model_path={whole / 'checkpoints' / 'last.ckpt'}", "probe.tokens=4096",
+                       f"out={tmp_path / 'angles.csv'}")
     assert measured.returncode == 0, measured.stderr[-3000:]
     during_training = [r for r in read_csv(whole / "angles.csv") if r["step"] == STEPS]
     afterwards = read_csv(tmp_path / "angles.csv")
     assert len(afterwards) == len(during_training) and all(  # the sharded run's own probe, measured again
         a["mean_deg"] == pytest.approx(b["mean_deg"], abs=1e-6) for a, b in zip(afterwards, during_training))
 
-    command = [str(BIN / "normlab-train"), *RUN, *TWO_PROCESSES, "strategy=fsdp", f"run_dir={broken}"]
+    command = ["normlab-train", *RUN, *TWO_PROCESSES, "strategy=fsdp", f"run_dir={broken}"]
     assert interrupted([command], broken) >= 3
     assert_same_losses(broken, whole)  # exactly: resumed from its own sharded run's checkpoint
     assert all(torch.equal(final_state(broken)[k], v) for k, v in sharded.items())
@@ -161,7 +169,7 @@ def test_bf16_mixed_trains_on_the_cpu_and_resumes_exactly(prepared, tmp_path):
     bf16, reference = losses(whole), losses(fp32)
     assert all(bf16[s] == pytest.approx(reference[s], abs=0.05) for s in reference)  # the same training...
     assert any(bf16[s] != reference[s] for s in reference)  # ...in bf16 matmuls
-    command = [str(BIN / "normlab-train"), *RUN, "trainer.precision=bf16-mixed", f"run_dir={broken}"]
+    command = ["normlab-train", *RUN, "trainer.precision=bf16-mixed", f"run_dir={broken}"]
     interrupted([command], broken)
     assert_same_losses(broken, whole)
     assert (broken / "angles.csv").read_bytes() == (whole / "angles.csv").read_bytes()

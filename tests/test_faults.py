@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN
+from conftest import Command, start_cli
 from normlab.training.checkpoint_files import verify
 from normlab.training.run_files import RunDirError
 
@@ -38,17 +38,11 @@ RUN = [
 TIMING = ("train/tokens_per_sec", "train/tokens_per_sec_per_device")  # wall-clock measurements differ run to run
 
 
-def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [str(BIN / "normlab-train"), *args, *RUN],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "WANDB_MODE": "offline"},
-    )
+def start(*args: str) -> Command:
+    return start_cli("normlab-train", *args, *RUN)
 
 
-def finish(process: subprocess.Popen, expected: int = 0) -> str:
+def finish(process: Command, expected: int = 0) -> str:
     _, err = process.communicate(timeout=300)
     assert process.returncode == expected, err[-3000:]
     return err
@@ -81,7 +75,7 @@ def nth_save(run_dir: Path, n: int):
     return condition
 
 
-def wait_for(process: subprocess.Popen, condition, timeout: float = 120) -> bool:
+def wait_for(process: Command, condition, timeout: float = 120) -> bool:
     """Poll until condition() holds (True) or the process ends (False)."""
     deadline = time.monotonic() + timeout
     while process.poll() is None:

@@ -1,13 +1,11 @@
 """logger=tensorboard: event files under the run directory, continued in the same folder by a resumed run."""
 
-import os
 import signal
-import subprocess
 import time
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import BIN, FAST_TRAIN
+from conftest import FAST_TRAIN, Command, start_cli
 from test_faults import finish, logged_steps, resumed_step
 
 STEPS = 10
@@ -21,9 +19,8 @@ def events(folder):
     return accumulator
 
 
-def start(run_dir) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "normlab-train"), f"run_dir={run_dir}", *OVERRIDES], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "WANDB_MODE": "offline"})
+def start(run_dir) -> Command:
+    return start_cli("normlab-train", f"run_dir={run_dir}", *OVERRIDES)
 
 
 def test_tensorboard_logs_losses_angles_and_the_figure_and_a_resumed_run_writes_on_in_its_folder(prepared, tmp_path):
