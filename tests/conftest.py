@@ -78,6 +78,9 @@ def compose_config(config_name: str = "train", overrides: list[str] = (), with_h
 PRELOADED = ["preloaded", "torch", "torch._dynamo", "torchmetrics"]
 READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "CUDA", "HF_", "HUGGINGFACE", "TRANSFORMERS",
                   "TOKENIZERS", "MALLOC_", "LD_", "PYTHON")
+# ...but for HF_DATASETS_* (HF_DATASETS_OFFLINE: the data tests), which only `datasets` reads: the preloaded
+# libraries import transformers and huggingface_hub, not datasets (preloaded.run_command checks it)
+NOT_READ_AT_IMPORT = ("HF_DATASETS_",)
 COMMANDS = multiprocessing.get_context("forkserver")
 COMMANDS.set_forkserver_preload(PRELOADED)
 server_env: dict[str, str] = {}  # the environment the server started with
@@ -85,7 +88,7 @@ TIMEOUT = 600  # seconds a command may take
 
 
 def read_at_import(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT)}
+    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT) and not k.startswith(NOT_READ_AT_IMPORT)}
 
 
 class Command:

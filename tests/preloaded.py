@@ -11,6 +11,8 @@ import traceback
 
 
 def run_command(tool: str, argv0: str, args: list[str], env: dict, cwd: str, stdout: str, stderr: str) -> None:
+    if "datasets" in sys.modules:  # it would have read HF_DATASETS_* from the server's environment, not the command's
+        raise RuntimeError("the preloading server imported datasets: conftest.NOT_READ_AT_IMPORT must go")
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
