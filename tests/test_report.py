@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_config
+from normlab.interop.evaluate import CSV_COLUMNS
 from normlab.probe.table import REFERENCES
 from normlab.study.report import main
 from normlab.study.report.groups import group_runs
@@ -327,6 +328,12 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
         for seed, loss in enumerate(per_seed):
             make_run(tmp_path / "sweep", f"{norm}-seed{seed}", norm, seed, loss)
     write_ablation(tmp_path / "sweep/dyt-seed0", 0.2, 0.15, 0.25)
+    for norm, loss in (("layernorm", 3.0), ("dyt", 3.25)):  # normlab-eval of seed 0's pair
+        (tmp_path / f"sweep/{norm}-seed0/eval").mkdir()
+        write_csv(tmp_path / f"sweep/{norm}-seed0/eval/results.csv", [
+            {"run": f"{norm}-seed0", "model": "tiny", "norm": norm, "seed": 0, "source": "last.ckpt", "step": 10,
+             "task": "perplexity_embedded", "metric": "loss", "value": loss, "stderr": "", "count": 100,
+             "num_fewshot": 0}], CSV_COLUMNS)
 
     (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])  # alpha_init and no eps: still the norms' group
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
@@ -358,6 +365,9 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     assert ("dyt: no norm at all (γ tanh(αx) + β where LayerNorm centres and rescales by a statistic of x), so its "
             "loss cell can support a difference from LayerNorm in everything the norm does") in text
     assert "not the centring's effect" in text and "Centring × bias" not in summary
+    assert "### Evaluation (normlab-eval), uncentred − centred (DyT: − LayerNorm), paired by seed" in summary
+    assert ("| dyt − layernorm (no norm: tanh in place of LayerNorm) | perplexity_embedded | loss | 1 (0) | 10/10 | "
+            "+0.2500 | +0.2500 | no interval: one pair | — |") in summary
     for figure in ("loss", "loss_difference", "angles_by_layer", "ablation"):
         assert f"({figure}_tiny.png)" in summary
 

@@ -105,8 +105,8 @@ def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
 
 
 def evaluation_table(group: Group) -> str:
-    """Per comparison, task and metric of normlab-eval: uncentred minus centred, paired by seed, with its t
-    interval."""
+    """Per comparison, task and metric of normlab-eval: uncentred minus centred (DyT minus LayerNorm), paired by
+    seed, with its t interval."""
     lines = ["| comparison | task | metric | pairs (seeds) | steps | difference per seed | mean | 95% CI (t) | "
              "excludes 0 |", "|---|---|---|---|---|---|---:|---|---|"]
     for c in group.comparisons:
@@ -164,7 +164,8 @@ def group_section(group: Group, parameters: dict) -> str:
     if table := factorial_table(group):
         text += ["### Centring × bias, paired by seed\n", table]
     if table := evaluation_table(group):
-        text += ["### Evaluation (normlab-eval), uncentred − centred, paired by seed\n", table]
+        dyt = " (DyT: − LayerNorm)" if any(c.pointwise for c in group.comparisons) else ""
+        text += [f"### Evaluation (normlab-eval), uncentred − centred{dyt}, paired by seed\n", table]
     if table := layer_table(group.series()):
         text += ["### Angle to 1 at the norm inputs, per layer (mean over seeds ± their sd)\n", table]
     return "\n".join(text)
