@@ -138,7 +138,7 @@ CASES = {
     "out a directory": (ANGLES, ["model_path={tmp}/run", "out={tmp}/hf"], None,
                         ["out={tmp}/hf is a directory: give a file name, e.g. out={tmp}/hf/angles.csv"]),
     "out with a sweep over model_path": (ANGLES, ["-m", "model_path={tmp}/run,{tmp}/hf", "out={tmp}/a.csv"], None,
-                                         ["out= names one CSV file, but model_path is swept"]),
+                                         ["out= names one output, but model_path is swept (each job would write it)"]),
     "unknown option": (ANGLES, ["model_path={tmp}/run", "--verbose"], None, ["unrecognized arguments: --verbose"]),
     "unknown key": (ANGLES, ["model_path={tmp}/run", "tokens=100"], None,
                     ["Could not override 'tokens'. To append to your config use +tokens=100",
@@ -208,7 +208,8 @@ def test_a_sweep_over_checkpoints_writes_a_csv_for_each(prepared, inputs, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run"]
     # <experiment>/<run>-<checkpoint>.csv: the run's folder here is the test's own
     assert sorted(p.name for p in (tmp_path / "out/angles").iterdir()) == ["multirun.yaml", tmp_path.name]
-    assert sorted(p.name for p in (tmp_path / "out/angles" / tmp_path.name).iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "out/angles" / tmp_path.name).iterdir()) == [  # and their records
+        ".run-step-0000002.csv.normlab-angles.json", ".run-step-0000004.csv.normlab-angles.json",
         "run-step-0000002.csv", "run-step-0000004.csv"]
     for step in (2, 4):
         rows = read_csv(tmp_path / f"out/angles/{tmp_path.name}/run-step-000000{step}.csv")

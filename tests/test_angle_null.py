@@ -46,7 +46,7 @@ def write_run(path, targets, null_means, step: int = 150, d: int = 64, columns=C
             if reference == "uniform" and "null_random_means_deg" in columns:
                 row["null_random_means_deg"] = " ".join(f"{m:.5f}" for m in means)
             rows.append(row)
-    write_csv(path, columns, rows, extrasaction="ignore")
+    write_csv(path, columns, rows, "normlab-angles", is_angles_header, extrasaction="ignore")
     return read_csv(path)
 
 
@@ -157,7 +157,7 @@ def test_a_tiny_model_writes_its_per_direction_means_and_reads_them_back(tmp_pat
     model.init_weights(0)
     ids = torch.randint(0, 300, (4, 16), generator=torch.Generator().manual_seed(0))
     stats = measure(lambda i, m: model.hidden(i), norm_sites(model, "normlab"), 32, [(ids, None)], null_directions=25)
-    write_csv(tmp_path / "angles.csv", CSV_COLUMNS, stats.records(0))
+    write_csv(tmp_path / "angles.csv", CSV_COLUMNS, stats.records(0), "normlab-angles", is_angles_header)
     rows = read_csv(tmp_path / "angles.csv")
     carrying = [r for r in rows if r["null_random_means_deg"] is not None]
     assert {(r["reference"], r["position"], r["site"].split(".")[1]) for r in carrying} == {

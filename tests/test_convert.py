@@ -9,7 +9,9 @@ Hugging Face GPT-2 directory converts to the same logits."""
 import csv
 import hashlib
 import json
+import os
 import shutil
+import socket
 from functools import partial
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from normlab.model.norms import DyT, LayerNorm, RMSNorm
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites
 from normlab.probe.table import read_csv, read_rows
+from normlab.training.claim import CLAIM_FILE, this_process
 from normlab.training.loader import load_model, read_checkpoint, saved_config
 
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest checkpoint of the session's runs (FAST_TRAIN)
@@ -320,3 +323,16 @@ def test_a_hugging_face_model_that_is_no_gpt2_of_normlabs_blocks_is_refused(tmp_
             main(compose_config("convert", [f"model_path={tmp_path / name}"]))
         assert str(error.value).startswith(str(tmp_path / name)) and str(error.value).endswith(message)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama", "relu"]
+
+
+def test_a_source_still_being_trained_is_named_as_a_snapshot(sweep, tmp_path, capsys):
+    """The run's claim names a live process (this one): the conversion says that its step is a snapshot of a run in
+    progress; once the claim is released, nothing is said."""
+    run = Path(shutil.copytree(run_of(sweep, "layernorm"), tmp_path / "run"))
+    (run / CLAIM_FILE).write_text(json.dumps(this_process()))
+    main(compose_config("convert", [f"model_path={run}", f"out={tmp_path / 'snapshot'}"]))
+    assert (f"warning: {run} is still being trained (pid {os.getpid()} on {socket.gethostname()}, since "
+            in capsys.readouterr().err)
+    (run / CLAIM_FILE).write_text(json.dumps({**this_process(), "released": True}))
+    main(compose_config("convert", [f"model_path={run}", f"out={tmp_path / 'finished'}"]))
+    assert "still being trained" not in capsys.readouterr().err

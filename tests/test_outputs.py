@@ -8,11 +8,13 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import FAST_TRAIN, compose_config, run_cli, run_of
 from normlab.common import outputs
@@ -246,10 +248,152 @@ def test_a_new_only_staging_leaves_a_folder_that_appeared_meanwhile_as_it_was(tm
     """staging(replace=False), as normlab-convert writes a new run directory: a folder that another process created at
     out while the output was written is neither moved aside nor deleted; the staging folder is removed."""
     out = tmp_path / "run-rms"
-    with pytest.raises(OSError):
-        with outputs.staging(out, "normlab-convert", replace=False) as folder:
+    with pytest.raises(outputs.OutputError, match=f"out={out} appeared while normlab-convert worked: left as it was"):
+        with outputs.staging(out, "normlab-convert") as folder:
             (folder / "config.yaml").write_text("ours\n")
             out.mkdir()
             (out / "theirs.txt").write_text("theirs\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run-rms"]
     assert [p.name for p in out.iterdir()] == ["theirs.txt"] and (out / "theirs.txt").read_text() == "theirs\n"
+
+
+# -- the check and the write are one act (issue 30): what appears or changes at out= while a command works is kept
+
+
+def test_a_file_written_into_an_export_while_it_is_replaced_is_kept(runs, tmp_path, monkeypatch):
+    """EXP, an earlier export, gets a README.md while `normlab-export out=EXP overwrite=true` works: refused at the
+    swap, EXP as it was with the README."""
+    out, settings = tmp_path / "exp", [f"model_path={runs / 'r'}", f"out={tmp_path / 'exp'}"]
+    export(compose_config("export", settings))
+    real = export.__globals__["hugging_face"]
+
+    def meanwhile(*args, **kwargs):
+        (out / "README.md").write_text("model card")  # after the check, before the swap
+        return real(*args, **kwargs)
+
+    before = tree(out)
+    monkeypatch.setitem(export.__globals__, "hugging_face", meanwhile)
+    with pytest.raises(ExportError, match=f"out={out} holds README.md, which normlab-export did not write .or has "
+                                          "changed., while normlab-export worked: left as it was"):
+        export(compose_config("export", [*settings, "overwrite=true", "dtype=bfloat16"]))
+    assert tree(out) == {**before, "README.md": hashlib.sha256(b"model card").hexdigest()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no staging or old folder left
+
+
+def test_a_notebook_written_into_a_report_while_it_is_rewritten_is_kept(runs, tmp_path, monkeypatch):
+    out = tmp_path / "report"
+    report.report([runs / "r"], out)
+    before = tree(out)
+    real = report.draw_group
+
+    def meanwhile(*args, **kwargs):
+        (out / "analysis.ipynb").write_text("{}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "draw_group", meanwhile)
+    with pytest.raises(outputs.OutputError, match="holds analysis.ipynb, which normlab-report did not write"):
+        report.report([runs / "r"], out)
+    assert tree(out) == {**before, "analysis.ipynb": hashlib.sha256(b"{}").hexdigest()}
+
+
+def test_a_file_written_at_a_new_sample_path_while_sampling_is_kept(runs, tmp_path, monkeypatch):
+    out = tmp_path / "new.txt"  # absent when normlab-sample checks it
+    real = sample.generate
+
+    def meanwhile(*args, **kwargs):
+        out.write_text("the user's own text\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sample, "generate", meanwhile)
+    with pytest.raises(sample.SampleError, match=f"out={out} was written by something else while normlab-sample "
+                                                 "worked: left as it was"):
+        sample.main(compose_config("sample", [f"model_path={runs / 'r'}", "max_new_tokens=3", f"out={out}"]))
+    assert out.read_text() == "the user's own text\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.txt"]
+
+
+def test_a_file_the_command_wrote_and_the_user_changed_is_no_longer_its_own(runs, tmp_path):
+    """A fine-tuned model save_pretrained into the export folder (same file names), a sample file edited by hand:
+    overwrite=true refuses both, byte for byte kept; the untouched outputs are still replaced."""
+    from transformers import AutoModelForCausalLM
+
+    out, settings = tmp_path / "exp", [f"model_path={runs / 'r'}", f"out={tmp_path / 'exp'}", "overwrite=true"]
+    export(compose_config("export", settings))
+    tuned = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        tuned.lm_head.weight.add_(0.01)
+    tuned.save_pretrained(out)
+    before = tree(out)
+    with pytest.raises(ExportError, match=f"out={out} holds model.safetensors, which has changed since "
+                                          "normlab-export wrote it"):
+        export(compose_config("export", settings))
+    assert tree(out) == before
+    text, args = tmp_path / "s.txt", [f"model_path={runs / 'r'}", "max_new_tokens=2", f"out={tmp_path / 's.txt'}"]
+    sample.main(compose_config("sample", args))
+    sample.main(compose_config("sample", [*args, "overwrite=true", "seed=3"]))  # its own, untouched: replaced
+    text.write_text(text.read_text() + "my note\n")
+    edited = text.read_bytes()
+    with pytest.raises(sample.SampleError, match="exists and was changed since normlab-sample wrote it"):
+        sample.main(compose_config("sample", [*args, "overwrite=true"]))
+    assert text.read_bytes() == edited
+
+
+def test_a_copied_output_is_still_the_commands_own_and_records_from_before_them_still_count(runs, tmp_path):
+    """A copy keeps the bytes, not the times: still the command's own (by sha256). An export written before records
+    were kept (its marker lists names) counts a file as its own while it is no newer than the marker."""
+    out = tmp_path / "exp"
+    export(compose_config("export", [f"model_path={runs / 'r'}", f"out={out}"]))
+    copy = Path(shutil.copytree(out, tmp_path / "copy"))  # new modification times
+    outputs.check_folder(copy, "normlab-export", overwrite=True)
+    marker = copy / ".normlab-export.json"
+    marker.write_text(json.dumps({"command": "normlab-export", "files": sorted(json.loads(marker.read_text())[
+        "files"])}))  # the marker of an earlier normlab: names only
+    outputs.check_folder(copy, "normlab-export", overwrite=True)
+    os.utime(copy / "config.json", ns=(marker.stat().st_mtime_ns + 10**9,) * 2)  # changed after the marker
+    with pytest.raises(outputs.OutputError, match="holds config.json, which has changed since normlab-export wrote"):
+        outputs.check_folder(copy, "normlab-export", overwrite=True)
+
+
+def test_an_export_is_readable_like_the_rest_of_the_folder(runs, tmp_path):
+    out = tmp_path / "exp"
+    export(compose_config("export", [f"model_path={runs / 'r'}", f"out={out}"]))
+    mask = os.umask(0)
+    os.umask(mask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out, *out.rglob("*")]}
+    assert modes.pop("exp") == 0o777 & ~mask and set(modes.values()) == {0o666 & ~mask}, modes
+    assert "model.safetensors" in modes
+
+
+@pytest.mark.parametrize("command, args", [
+    ("normlab-export", ["-m", "model_path={run},{run}/checkpoints/step-0000004.ckpt", "out={tmp}/exp",
+                        "overwrite=true"]),
+    ("normlab-sample", ["-m", "model_path={run}", "seed=1,2", "out={tmp}/s.txt", "overwrite=true"]),
+    ("normlab-convert", ["-m", "model_path={run},{run}/checkpoints/step-0000004.ckpt", "out={tmp}/rms"]),
+])
+def test_one_out_for_a_sweep_of_several_jobs_is_refused_up_front(runs, tmp_path, command, args):
+    args = [a.format(run=runs / "r", tmp=tmp_path) for a in args]
+    swept = "seed" if command == "normlab-sample" else "model_path"
+    result = run_cli(command, *args, f"paths.output_dir={tmp_path / 'sweeps'}", cwd=tmp_path)
+    refused(result, command, f"out= names one output, but {swept} is swept (each job would write it)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_output_never_replaces_what_appears_in_the_instant_before_it_goes_into_place(tmp_path, monkeypatch):
+    """The last instant: between the swap's own check and its rename. The rename itself refuses (RENAME_NOREPLACE;
+    a hard link for a file), so a file or folder planted right before it stays, and the output is not written."""
+    real = outputs.rename_new
+
+    def planted(source, target):
+        target.mkdir() if source.is_dir() else target.write_text("theirs\n")
+        (target / "theirs.txt").write_text("theirs\n") if source.is_dir() else None
+        return real(source, target)
+
+    monkeypatch.setattr(outputs, "rename_new", planted)
+    with pytest.raises(outputs.OutputError, match="appeared while normlab-report worked: left as it was"):
+        with outputs.staged_folder(tmp_path / "report", "normlab-report") as new:
+            (new / "summary.md").write_text("ours")
+    assert tree(tmp_path / "report") == {"theirs.txt": hashlib.sha256(b"theirs\n").hexdigest()}
+    with pytest.raises(outputs.OutputError, match="appeared while normlab-bench worked: left as it was"):
+        outputs.write_output(tmp_path / "bench.md", "normlab-bench ours\n", "normlab-bench", lambda line: True)
+    assert (tmp_path / "bench.md").read_text() == "theirs\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".") and "tmp" in p.name) == []

@@ -373,6 +373,11 @@ def cpu_name() -> str:
     return f"{names[0]}, {len(os.sched_getaffinity(0))} cores" if names else platform.machine()
 
 
+def written_by_bench(first_line: str) -> bool:
+    """A table written before normlab kept records of its outputs: by its first line."""
+    return first_line.startswith("normlab-bench ")
+
+
 def main() -> None:
     """normlab-bench (conf/bench.yaml): the sections of `sections`, as one table printed and written to `out`; exit 1
     when a check fails. `--probe-memory N --model M --seq-len L --null-directions K` is the subprocess that
@@ -399,8 +404,7 @@ def main() -> None:
         for key in ("scale", "seq_len", "repeats", "rows", "steps"):
             positive_int(key, cfg[key])
         out = Path(str(cfg.out))  # a new file, or an earlier table of normlab-bench (its first line)
-        outputs.check_file(out, "normlab-bench", lambda line: line.startswith("normlab-bench "),
-                           example="bench.md")
+        outputs.check_file(out, "normlab-bench", written_by_bench, example="bench.md")
         import torch
         from hydra.core.global_hydra import GlobalHydra
 
@@ -430,7 +434,7 @@ def main() -> None:
             f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}\n\n"
         )
         table = header + "| measurement | result |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows)
-        outputs.write_file(out, table)
+        outputs.write_output(out, table, "normlab-bench", written_by_bench)
         print(table + f"\nwrote {out}")
         if any(result.startswith("FAIL") for _, result in rows):
             sys.exit(1)  # a failed check

@@ -146,18 +146,20 @@ class WritableOutputDir(Callback):
             )
 
 
-class OneModelPerOut(Callback):
-    """A Hydra callback of normlab-angles and normlab-ablate: out= names one CSV file, so a -m sweep over model_path
-    with it is refused in one line before any job runs; `default_outputs` says where each model's CSV goes without
-    out=."""
+class OneJobPerOut(Callback):
+    """A Hydra callback of the commands whose out= names one output (a file, or a folder that a job replaces): a -m
+    sweep of several jobs with it, each writing the same out=, is refused in one line before any job runs. `keys`:
+    only a sweep over these counts (normlab-angles and normlab-ablate: model_path; their jobs of one model add rows
+    to one CSV); None: any. `default_outputs` says where each job's output goes without out=."""
 
-    def __init__(self, default_outputs: str):
-        self.default_outputs = default_outputs
+    def __init__(self, default_outputs: str, keys: list[str] | None = None):
+        self.default_outputs, self.keys = default_outputs, keys
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        if config.out is not None and "model_path" in swept(config.hydra.overrides.task):
-            fail("out= names one CSV file, but model_path is swept: give one model_path with it, or leave out out= "
-                 f"({self.default_outputs})")
+        keys = [k for k in swept(config.hydra.overrides.task) if self.keys is None or k in self.keys]
+        if config.out is not None and keys:
+            fail(f"out= names one output, but {keys[0]} is swept (each job would write it): give one {keys[0]} "
+                 f"with it, or leave out out= ({self.default_outputs})")
 
 
 def swept(overrides) -> dict[str, list[str]]:

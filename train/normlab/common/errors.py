@@ -56,6 +56,9 @@ def note_signal(signum, frame) -> None:
         # put this handler back.)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if signal.SIGINT in received:
+            # os.write: print() may be in use by the code this handler interrupted (a reentrant call raises)
+            os.write(2, f"{os.path.basename(sys.argv[0])}: second Ctrl-C: stopped at once, without saving; the next "
+                        "start resumes from the newest intact checkpoint\n".encode())
             os.kill(os.getpid(), signal.SIGINT)
     received.append(signum)
 

@@ -225,14 +225,35 @@ def check_output(out: Path) -> None:
             if path.exists() and not path.is_dir():
                 raise NotADirectoryError(errno.ENOTDIR, f"{path} is not a directory")
         tempfile.TemporaryFile(dir=ancestor).close()
-        foreign = [p.name for p in (out.iterdir() if out.exists() else []) if not CORPUS_FILE.fullmatch(p.name)]
+        outputs.remove_leftovers(out, "a prepare", not_prepared)
+        foreign = not_prepared(out) if out.exists() else []
     except OSError as e:
         raise DataError(f"cannot write {out} ({e.strerror}): give a writable data.dir= (or paths.data_dir=)") from None
     if foreign:
         raise DataError(
-            f"{out} holds {foreign[0]}, which is not a corpus file, and a prepare replaces the whole "
-            "directory: move it away or give another data.dir="
+            f"{out} holds {foreign[0]}, which is not a corpus file as a prepare wrote it, and a prepare replaces the "
+            "whole directory: move it away or give another data.dir="
         )
+
+
+def not_prepared(folder: Path) -> list[str]:
+    """What the corpus folder `folder` holds that a prepare did not write, or that has changed since: anything but
+    corpus files, and a token file whose size or sha256 is not the one meta.json records."""
+    entries = sorted(folder.iterdir())
+    found = [p.name for p in entries if not CORPUS_FILE.fullmatch(p.name) or not p.is_file() or p.is_symlink()]
+    try:
+        splits = json.loads((folder / META_FILE).read_text())["splits"].values()
+        recorded = {s["file"]: (s["tokens"] * 2, s["sha256"]) for s in splits}  # uint16 tokens
+    except FileNotFoundError:
+        recorded = {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [*found, META_FILE]
+    for path in entries:
+        if path.name.endswith(".bin") and path.name not in found:
+            size, digest = recorded.get(path.name, (None, None))
+            if path.stat().st_size != size or outputs.sha256(path) != digest:
+                found.append(path.name)
+    return found
 
 
 class TokenFile:
@@ -347,7 +368,7 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
         "dtype": "uint16",
         "splits": {},
     }
-    with outputs.staging(out, "a prepare") as new:
+    with outputs.staging(out, "a prepare", not_prepared) as new:
         if source.get("probe_tokens"):
             meta["splits"]["probe"] = write_probe(docs, encoding, new / "probe.bin", source.probe_tokens, num_proc,
                                                   source.get("probe_sample_seed"), source.get("probe_buffer", 10_000))

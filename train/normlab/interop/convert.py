@@ -251,14 +251,14 @@ def write(out: Path, model: GPT, config: dict, source: Source) -> Path:
                   "hyper_parameters": {**source.hyper_parameters, "config": config}}
     relative = Path("checkpoints") / f"step-{source.step:07d}.ckpt"
     try:
-        with outputs.staging(out, COMMAND, replace=False) as folder:
+        with outputs.staging(out, COMMAND) as folder:  # new only: whatever appears at out meanwhile is left as it is
             outputs.write_file(folder / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(config)))
             write_checkpoint(checkpoint, folder / relative)
-    except (outputs.OutputError, RunDirError) as e:
+    except outputs.OutputError as e:
+        raise ConvertError(str(e)) from None
+    except RunDirError as e:
         raise ConvertError(f"cannot write {out}: {e}") from None
     except OSError as e:
-        if out.exists() and not (out / relative).exists():  # made by someone else meanwhile: left as it is
-            raise ConvertError(f"out={out} appeared while {COMMAND} wrote it: give a new path") from None
         raise ConvertError(f"cannot write {out} ({e.strerror or e}): give a writable out=") from None
     return out / relative
 

@@ -235,6 +235,14 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + MARKDOWN_NOTE
 
 
+def is_results_header(line: str) -> bool:
+    return line == ",".join(CSV_COLUMNS)
+
+
+def is_markdown_title(line: str) -> bool:
+    return line == MARKDOWN_TITLE
+
+
 def check_out(out: Path) -> None:
     """Before anything runs: `out` is a folder, in a run directory only its eval/, where results.csv and results.md
     are new or earlier outputs of normlab-eval (their first lines); nothing else in it is touched (outputs.py)."""
@@ -242,9 +250,8 @@ def check_out(out: Path) -> None:
         raise EvalError(f"out={out} is a file: give a folder (results.csv and results.md go into it)")
     try:
         outputs.check_place(out, COMMAND, owned_in_run=("eval",))
-        outputs.check_file(out / "results.csv", COMMAND, lambda line: line == ",".join(CSV_COLUMNS),
-                           owned_in_run=("eval",))
-        outputs.check_file(out / "results.md", COMMAND, lambda line: line == MARKDOWN_TITLE, owned_in_run=("eval",))
+        outputs.check_file(out / "results.csv", COMMAND, is_results_header, owned_in_run=("eval",))
+        outputs.check_file(out / "results.md", COMMAND, is_markdown_title, owned_in_run=("eval",))
     except outputs.OutputError as e:
         raise EvalError(str(e)) from None
 
@@ -255,8 +262,9 @@ def write_results(out: Path, rows: list[dict]) -> list[dict]:
         out.mkdir(parents=True, exist_ok=True)
         with FileLock(out / ".results.lock"):  # jobs of a sweep launched in parallel may share one out
             rows = merged_rows(out / "results.csv", rows)
-            outputs.write_csv(out / "results.csv", CSV_COLUMNS, rows, extrasaction="ignore")
-            outputs.write_file(out / "results.md", markdown(rows))
+            outputs.write_csv(out / "results.csv", CSV_COLUMNS, rows, COMMAND, is_results_header,
+                              extrasaction="ignore")
+            outputs.write_output(out / "results.md", markdown(rows), COMMAND, is_markdown_title)
     except outputs.OutputError as e:
         raise EvalError(str(e)) from None
     except OSError as e:

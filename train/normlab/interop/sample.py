@@ -18,6 +18,8 @@ from normlab.common import outputs
 from normlab.common.errors import NormlabError
 from normlab.training import loader
 
+COMMAND = "normlab-sample"
+
 
 class SampleError(NormlabError):
     """A normlab-sample argument that cannot be used."""
@@ -70,7 +72,7 @@ def check_options(cfg: DictConfig) -> None:
         raise SampleError(f"overwrite={cfg.overwrite}: give true or false")
     if cfg.out:
         try:
-            outputs.check_file(Path(str(cfg.out)), "normlab-sample", written_by_sample, overwrite=cfg.overwrite,
+            outputs.check_file(Path(str(cfg.out)), COMMAND, written_by_sample, overwrite=cfg.overwrite,
                                example="samples.jsonl")
         except outputs.OutputError as e:
             raise SampleError(str(e)) from None
@@ -116,7 +118,7 @@ def write(out: Path, results: list[dict]) -> None:
     else:
         text = "".join(f"{separator(r)}\n{r['text']}\n" for r in results)
     try:
-        outputs.write_file(out, text)
+        outputs.write_output(out, text, COMMAND, written_by_sample)
     except outputs.OutputError as e:
         raise SampleError(str(e)) from None
 

@@ -267,14 +267,19 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
 
 
 HEADERS = (",".join(CSV_COLUMNS), ",".join(EARLIER_COLUMNS))  # what normlab-ablate replaces
+COMMAND = "normlab-ablate"
+
+
+def written_by_ablate(first_line: str) -> bool:
+    """An ablation CSV written before normlab kept records of its outputs: by its header."""
+    return first_line in HEADERS
 
 
 def check_out(out: Path) -> None:
     """Before anything is measured: `out` is a new file or an earlier ablation CSV (its header), and no file of a run
     directory but its ablation.csv (outputs.py)."""
     try:
-        outputs.check_file(out, "normlab-ablate", lambda line: line in HEADERS, owned_in_run=("ablation.csv",),
-                           example="ablation.csv")
+        outputs.check_file(out, COMMAND, written_by_ablate, owned_in_run=("ablation.csv",), example="ablation.csv")
     except outputs.OutputError as e:
         raise AnalysisError(str(e)) from None
 
@@ -337,7 +342,7 @@ def main(cfg: DictConfig) -> None:
     rows = [{**names, **row} for row in rows]
     if not all(math.isfinite(r["delta"]) for r in rows):
         print("warning: some ablated losses are not finite (inf or nan in the CSV)", file=sys.stderr, flush=True)
-    outputs.write_csv(out, CSV_COLUMNS, rows)
+    outputs.write_csv(out, CSV_COLUMNS, rows, COMMAND, written_by_ablate)
     print(summary(rows))
     first = rows[0]
     print(f"wrote {out} ({len(rows)} rows, {first['windows']} windows in {first['resampling_units']} "

@@ -24,6 +24,8 @@ from normlab.training.checkpoint_files import verify
 from normlab.training.run_files import RunDirError, warn
 from normlab.training.run_tables import read_table
 
+COMMAND = "normlab-angles"
+
 
 def append_csv(path: Path, records: list[dict]) -> None:
     """Add `records` to the CSV at `path`, which may hold the rows of any number of models: rows of the same source
@@ -34,7 +36,7 @@ def append_csv(path: Path, records: list[dict]) -> None:
     if dropped:
         warn(f"{path}: dropped {dropped} torn or damaged row{'s' * (dropped > 1)}")
     kept = [row for row in rows if (row.get("source", ""), row["step"]) not in measured]
-    outputs.write_csv(path, CSV_COLUMNS, kept + records)
+    outputs.write_csv(path, CSV_COLUMNS, kept + records, COMMAND, is_angles_header)
 
 
 def check_positive(name: str, value, null_means: str | None = None) -> None:
@@ -192,7 +194,7 @@ def main(cfg: DictConfig) -> None:
     device = loader.device_name(cfg.device, AnalysisError)
     out = Path(str(cfg.out or Path(cfg.paths.output_dir) / "angles" / default_name(path)))
     try:  # a new file, or an earlier output of normlab-angles (its header): rows of other models are kept
-        outputs.check_file(out, "normlab-angles", is_angles_header, example="angles.csv")
+        outputs.check_file(out, COMMAND, is_angles_header, example="angles.csv")
     except outputs.OutputError as e:
         raise AnalysisError(str(e)) from None
     analysis = plan(path, cfg)  # checked before any model runs

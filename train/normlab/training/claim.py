@@ -104,6 +104,15 @@ def claim_record(text: str) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+def training_holder(run_dir: Path) -> dict | None:
+    """The process that holds the claim on `run_dir` and may still be training it, or None. Read only: it never
+    takes the claim's lock, so that a start of the run is never turned away by someone reading it."""
+    holder = Claim(run_dir / CLAIM_FILE).read()
+    if not holder or holder.get("released") or stale(holder, this_process()) is not None:
+        return None
+    return holder
+
+
 class Claim:
     """`<run_dir>/.claim`: who uses the run directory, held with an exclusive lock (flock) while the holder lives,
     and, once rank 0 has chosen it, the checkpoint every rank resumes from."""

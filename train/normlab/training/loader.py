@@ -13,6 +13,7 @@ from torch import nn
 from normlab.common.errors import NormlabError
 from normlab.common.paths import current_targets
 from normlab.training.checkpoint_files import chosen_checkpoint
+from normlab.training.claim import describe, training_holder
 from normlab.training.pipeline import build_model
 from normlab.training.run_files import RunDirError
 
@@ -52,9 +53,14 @@ def chosen(path: Path, error: type[NormlabError], accepts: str = ACCEPTS,
     if not path.exists():
         raise error(f"{named or path} does not exist: give {accepts}")
     try:
-        return chosen_checkpoint(path, accepts)
+        checkpoint, step, warnings = chosen_checkpoint(path, accepts)
     except RunDirError as e:
         raise error(str(e)) from None
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    if run_dir is not None and (holder := training_holder(run_dir)):
+        warnings.append(f"{run_dir} is still being trained ({describe(holder)}): step {step} is a snapshot of a run "
+                        "in progress, not its final weights")
+    return checkpoint, step, warnings
 
 
 def read_checkpoint(path: Path) -> dict:
