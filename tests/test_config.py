@@ -8,7 +8,9 @@ import torch
 from hydra.core.plugins import Plugins
 
 from conftest import compose_config, run_cli
-from normlab.common.paths import PROJECT_ROOT
+from normlab.common.errors import ConfigError
+from normlab.common.paths import CONF_DIR, PROJECT_ROOT
+from normlab.training.checks import check_train_config
 from normlab.training.pipeline import build_model
 from normlab.training.runtime import PEAK_BF16_FLOPS
 
@@ -108,6 +110,77 @@ def test_every_data_entry_composes_for_prepare_and_train(data):
         assert prep.data.source.probe_tokens == 1_000_000 and prep.data.source.streaming
     if data == "openwebtext":
         assert prep.data.source.val_fraction == 0.0005 and prep.data.source.split_seed == 2357
+
+
+# -- check_train_config: every setting checked before anything is written (the real command: tests/test_errors.py)
+
+ON_THIS_MACHINE = ["trainer.accelerator=cpu", "trainer.devices=1"]  # the paper experiments ask for 4 GPUs
+
+
+def test_every_config_of_conf_passes_the_checks():
+    choices = [[f"{group}={p.stem}"] for group in ("norm", "data", "optimizer", "logger", "strategy")
+               for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+    choices += [[f"experiment={p.stem}", *ON_THIS_MACHINE] for p in sorted((CONF_DIR / "experiment").glob("*.yaml"))]
+    choices += [["trainer=gpu", *ON_THIS_MACHINE], ["trainer.precision=16-mixed", "norm=dyt", "norm.layer.alpha_init=1",
+                                                     "optimizer.fused=null", "trainer.gradient_clip_val=null"]]
+    for overrides in choices:
+        check_train_config(compose_config("train", overrides))
+
+
+class UnannotatedNorm(torch.nn.Module):
+    """A norm of a user's own, without annotations: its defaults' types are checked."""
+
+    def __init__(self, dim, scale=1.0, centred=True, label=None):
+        super().__init__()
+
+
+USERS_NORM = ["norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.eps", "~norm.layer.bias",
+              "norm.bias=false"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optimizer.weight_decay=-1"], "optimizer.weight_decay=-1: give a number >= 0 (0: no decay)"),
+    (["optimizer.betas=[0.9,1.5]"], "optimizer.betas=[0.9, 1.5]: give two numbers from 0 to below 1, e.g. [0.9, 0.95]"),
+    (["optimizer.betas=0.9"], "optimizer.betas=0.9: give two numbers from 0 to below 1, e.g. [0.9, 0.95]"),
+    (["optimizer.eps=0"], "optimizer.eps=0: give a number > 0"),
+    (["optimizer.fused=maybe"], "optimizer.fused=maybe: give true, false or null"),
+    (["+optimizer.amsgrad=1"], "optimizer.amsgrad=1: give true or false"),
+    (["optimizer._target_=torch.optim.SGD", "~optimizer.betas", "~optimizer.eps", "+optimizer.momentum=1.5"],
+     "optimizer.momentum=1.5: give a number from 0 to below 1 (0: none)"),
+    (["optimizer._target_=torch.optim.SGD", "~optimizer.betas", "~optimizer.eps", "+optimizer.nesterov=maybe"],
+     "optimizer.nesterov=maybe: give true or false"),
+    (["norm=dyt", "norm.layer.alpha_init=abc"], "norm.layer.alpha_init=abc: give a number"),
+    (["norm=dyt", "norm.layer.alpha_init=null"], "norm.layer.alpha_init=null: give a number"),
+    (["norm.layer.bias=maybe"], "norm.layer.bias=maybe: give true or false"),
+    (["norm=rmsnorm", "norm.layer.bias=1"], "norm.layer.bias=1: give true or false"),
+    (["norm.layer.eps=null"], "norm.layer.eps=null: give a number"),
+    (["norm.layer._target_=torch.nn.LayerNorm", "+norm.layer.elementwise_affine=maybe"],
+     "norm.layer.elementwise_affine=maybe: give true or false"),
+    ([*USERS_NORM, "+norm.layer.scale=abc"], "norm.layer.scale=abc: give a number"),
+    ([*USERS_NORM, "+norm.layer.scale=null"], "norm.layer.scale=null: give a number"),
+    ([*USERS_NORM, "+norm.layer.centred=maybe"], "norm.layer.centred=maybe: give true or false"),
+    (["norm.centred=maybe"], "norm.centred=maybe: give true or false"),
+    (["+norm.normalizes=1"], "norm.normalizes=1: give true or false"),
+    (["trainer.precision=bf16"], "trainer.precision=bf16: give bf16-mixed (the same, written out)"),
+    (["trainer.precision=32"], "trainer.precision=32: give 32-true (the same, written out)"),
+    (["trainer.precision=64-true"], "trainer.precision=64-true: give one of 32-true, bf16-mixed, 16-mixed (float32 "
+                                    "weights, with bf16 or fp16 autocast for the mixed ones)"),
+    (["trainer.precision=16-mixed", "strategy=fsdp"], "trainer.precision=16-mixed with the sharded trainer.strategy "
+     "normlab.training.strategies.BlockFSDP: the gradient scaler checks each shard's gradients alone; use bf16-mixed, "
+     "or strategy=ddp"),
+    (["+trainer.gradient_clip_algorithm=max"], "trainer.gradient_clip_algorithm=max: give norm, value or null (norm)"),
+    (["data.num_workers=1.5"], "data.num_workers=1.5: give a whole number"),
+    (["callbacks.throughput.peak_flops=abc"], "callbacks.throughput.peak_flops=abc: give a number or null"),
+    (["+trainer.enable_progress_bar=yes"], "trainer.enable_progress_bar=yes: give true, false or null"),
+])
+def test_a_setting_of_the_wrong_type_or_range_is_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        check_train_config(compose_config("train", overrides))
+    assert str(refused.value) == message
+
+
+def test_a_users_norm_without_annotations_takes_what_its_defaults_take():
+    check_train_config(compose_config("train", [*USERS_NORM, "+norm.layer.scale=2", "+norm.layer.label=3"]))
 
 
 # -- Slurm: the paper's batch scripts and Hydra's submitit launcher, per paper size

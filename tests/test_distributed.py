@@ -1,9 +1,10 @@
-"""The GPU-side paths, run on the CPU: sharded training (strategy=fsdp, FSDP2 over gloo), bf16-mixed autocast, and
-two nodes of one process each (two torchrun launches, as on two machines). Each against its unsharded, float32 or
-one-process counterpart, and each interrupted by SIGTERM and resumed: the resumed run must end as the uninterrupted
-one, step for step."""
+"""The GPU-side paths, run on the CPU: sharded training (strategy=fsdp, FSDP2 over gloo), bf16-mixed and 16-mixed
+autocast, and two nodes of one process each (two torchrun launches, as on two machines). Each against its unsharded,
+float32 or one-process counterpart, and (but 16-mixed, whose loss scale is resumed in-process) interrupted by SIGTERM
+and resumed: the resumed run must end as the uninterrupted one, step for step."""
 
 import csv
+import math
 import os
 import signal
 import socket
@@ -11,17 +12,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch.plugins.precision import Precision
+from torch.utils.data import DataLoader
 
 from conftest import Command, compose_config, run_cli, start_cli
+from normlab.cluster.preflight import random_windows
 from normlab.model.norms import LayerNorm
 from normlab.probe.hooks import AngleProbe
 from normlab.probe.sites import NormSite
 from normlab.probe.table import read_csv
-from normlab.training.pipeline import build_module
+from normlab.training.callbacks.stops import NonFiniteGuard
+from normlab.training.pipeline import build_module, build_trainer
 
 STEPS = 8
 RUN = [
@@ -173,6 +180,94 @@ def test_bf16_mixed_trains_on_the_cpu_and_resumes_exactly(prepared, tmp_path):
     interrupted([command], broken)
     assert_same_losses(broken, whole)
     assert (broken / "angles.csv").read_bytes() == (whole / "angles.csv").read_bytes()
+
+
+def test_fp16_mixed_trains_on_the_cpu_in_float16_with_clipping(prepared, tmp_path):
+    """16-mixed on the CPU is float16 autocast with its loss scale, not Lightning's silent switch to bf16: the
+    scaler's state rides in the full checkpoints, and the fused AdamW's gradients are clipped (the default 1.0)."""
+    train("trainer.precision=16-mixed", "trainer.max_steps=4", f"run_dir={tmp_path}")  # float16 matmuls: slow on CPU
+    assert sorted(losses(tmp_path)) == list(range(4)) and all(math.isfinite(v) for v in losses(tmp_path).values())
+    scaler = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["FP16Mixed"]
+    assert scaler["scale"] == 2.0**16 and scaler["_growth_tracker"] == 4  # no overflow in these steps
+
+
+class ScaleRecorder(L.Callback):
+    """Per optimizer step: the loss scale, the gradient norm the hooks see, whether the weights changed; and the
+    gradient norm after the clipping (seen before the next step zeroes it)."""
+
+    def __init__(self):
+        self.scales, self.norms, self.clipped, self.updated = [], [], [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.weights = torch.cat([p.detach().flatten().clone() for p in pl_module.parameters()])
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.scales.append(trainer.precision_plugin.scaler.get_scale())
+        self.norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in pl_module.parameters()])))
+
+    def on_before_zero_grad(self, trainer, pl_module, optimizer):
+        if all(p.grad is not None for p in pl_module.parameters()):
+            self.clipped.append(float(torch.nn.utils.get_total_norm([p.grad for p in pl_module.parameters()])))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        weights = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
+        self.updated.append(not torch.equal(self.weights, weights))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU"))])
+def test_fp16_loss_scale_skips_overflows_clips_the_true_gradients_and_resumes(device, fused, tmp_path):
+    """A loss scale far too high: the first steps overflow float16, and the scaler skips them (the weights stay
+    as they are) and halves the scale, which NonFiniteGuard leaves to it; the steps that follow see and clip the
+    unscaled gradients, with the fused AdamW too. A resumed run goes on at the scale saved."""
+    steps, batch, scale = 10, 2, 2.0**24
+    cfg = compose_config("train", [
+        "model.n_layer=2", "model.vocab_size=256", f"data.batch_size={batch}", f"trainer.max_steps={steps}",
+        f"trainer.accelerator={device}", "trainer.precision=16-mixed", f"optimizer.fused={fused}",
+        "+trainer.enable_checkpointing=false", "logger=csv", f"run_dir={tmp_path}",
+    ])
+    windows = random_windows(cfg, (steps + 1) * batch)
+    module, recorder = build_module(cfg), ScaleRecorder()
+    trainer = build_trainer(cfg, [NonFiniteGuard(), recorder], 1)
+    trainer.precision_plugin.scaler = torch.amp.GradScaler(device, init_scale=scale)
+    trainer.fit(module, train_dataloaders=DataLoader(windows[:steps * batch], batch_size=batch))
+
+    skipped = recorder.updated.index(True)
+    assert skipped >= 2 and all(recorder.updated[skipped:])  # the overflows first, then every step applied
+    assert recorder.scales[:skipped + 1] == [scale / 2**i for i in range(skipped + 1)]
+    assert not any(map(math.isfinite, recorder.norms[:skipped]))
+    # The first applied step starts from the initial weights: its gradients are those of float32, not scaled
+    reference = build_module(cfg).model.to(device)
+    x, y = (torch.stack([w[i] for w in windows[skipped * batch:(skipped + 1) * batch]]).to(device) for i in (0, 1))
+    torch.nn.functional.cross_entropy(reference(x).flatten(0, 1), y.flatten()).backward()
+    true_norm = float(torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]))
+    assert recorder.norms[skipped] == pytest.approx(true_norm, rel=0.02) and true_norm > 1.0
+    assert all(norm <= 1.0 + 1e-3 for norm in recorder.clipped[skipped:])  # trainer.gradient_clip_val=1.0
+
+    trainer.save_checkpoint(tmp_path / "full.ckpt")
+    saved = trainer.precision_plugin.scaler.get_scale()
+    resumed = ScaleRecorder()
+    cfg.trainer.max_steps = steps + 1
+    trainer = build_trainer(cfg, [NonFiniteGuard(), resumed], 1)
+    trainer.fit(build_module(cfg), train_dataloaders=DataLoader(windows, batch_size=batch),
+                ckpt_path=tmp_path / "full.ckpt")
+    assert resumed.scales == [saved] and saved != 2.0**16  # not a new scaler's
+
+
+def test_the_guard_leaves_an_overflow_to_the_loss_scale_but_not_a_collapsed_scale_or_a_non_finite_loss():
+    def trainer(plugin):
+        one_rank = SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision)
+        return SimpleNamespace(precision_plugin=plugin, strategy=one_rank)
+
+    def fp16(scale: float):
+        return SimpleNamespace(scaler=torch.amp.GradScaler("cpu", init_scale=scale))
+
+    guard, finite, nan = NonFiniteGuard(), torch.tensor([2.0, 3.0]), torch.tensor([2.0, float("nan")])
+    assert guard.scaler_skips(trainer(fp16(2.0**16)), finite)
+    assert not guard.scaler_skips(trainer(fp16(0.5)), finite)  # the gradients overflow float16 even unscaled
+    assert not guard.scaler_skips(trainer(fp16(2.0**16)), nan)
+    assert not guard.scaler_skips(trainer(Precision()), finite)  # float32, bf16: no scaler
 
 
 def test_angle_statistics_are_computed_in_float32_under_bf16_autocast():

@@ -259,6 +259,13 @@ CASES = {
         {},
         ["unknown key optimizer.momentum", "torch.optim.AdamW"],
     ),
+    "Adam beta of 1.5": (["optimizer.betas=[0.9,1.5]"], None, {}, ["optimizer.betas=[0.9, 1.5]: give two numbers"]),
+    "norm setting not a number": (
+        ["norm=dyt", "norm.layer.alpha_init=abc"],
+        None,
+        {},
+        ["norm.layer.alpha_init=abc: give a number"],
+    ),
     "empty run_dir": (["run_dir="], None, {}, ["run_dir is empty: give the run's directory"]),
     "meta.json not an object": ([], empty_meta, {}, ["meta.json is malformed (a JSON list, not an object)"]),
     "meta.json without splits": ([], meta_without_splits, {}, ["meta.json is malformed (no 'splits' object)"]),

@@ -6,6 +6,8 @@ import dataclasses
 import inspect
 import math
 import os
+import types
+import typing
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +20,10 @@ MODEL_KEYS = {"name", "lr"}  # model preset keys besides GPTConfig's fields: its
 
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def positive_int(name: str, value) -> None:
@@ -37,19 +43,136 @@ def unknown_keys(name: str, node: DictConfig, allowed: set[str]) -> None:
                           f"{', '.join(sorted(allowed))}")
 
 
-def check_arguments(name: str, node: DictConfig) -> None:
-    """The keys of an object config (`_target_`) must be parameters of its target (unless it takes **kwargs)."""
+def shown(value) -> str:
+    """A value as it is typed on the command line: true, false, null."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def one_of(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def accepted(annotation) -> list | None:
+    """What a parameter annotated so takes, among the types a config can hold (bool, int, float, str, null, the
+    values of a Literal); None where it may take anything else too (a Path, a tuple, a class...): not checked."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return accepted(typing.get_args(annotation)[0])
+    if origin is typing.Literal:
+        return [("literal", v) for v in typing.get_args(annotation)]
+    if origin in (typing.Union, types.UnionType):
+        kinds = [accepted(a) for a in typing.get_args(annotation)]
+        return None if any(k is None for k in kinds) else [k for ks in kinds for k in ks]
+    if annotation is None or annotation is type(None):
+        return [type(None)]
+    return [annotation] if annotation in (bool, int, float, str) else None
+
+
+def takes(kind, value) -> bool:
+    if isinstance(kind, tuple):  # a Literal's value: True is not 1
+        return type(value) is type(kind[1]) and value == kind[1]
+    if kind is float:
+        return is_number(value)
+    return is_int(value) if kind is int else isinstance(value, kind)
+
+
+KIND_WORDS = {bool: ["true", "false"], int: ["a whole number"], float: ["a number"], str: ["a string"],
+              type(None): ["null"]}
+
+
+def check_type(name: str, value, parameter: inspect.Parameter) -> None:
+    """A setting must have the type its parameter is annotated with (unannotated: the type of its default, where that
+    is bool, int, float or str); null only where the annotation admits None or the default is None."""
+    default = parameter.default
+    if isinstance(parameter.annotation, str):  # an annotation that could not be evaluated
+        return
+    if parameter.annotation is not parameter.empty:
+        kinds = accepted(parameter.annotation)
+    elif type(default) in (bool, int, float, str):
+        kinds = [type(default)]
+    else:
+        return
+    if kinds is None or default is None and value is None:
+        return
+    if not any(takes(kind, value) for kind in kinds):
+        words = [w for kind in dict.fromkeys(kinds) for w in (
+            [shown(kind[1])] if isinstance(kind, tuple) else KIND_WORDS[kind])]
+        raise ConfigError(f"{name}={shown(value)}: give {one_of(words)}")
+
+
+def signature(target) -> inspect.Signature:
+    try:
+        return inspect.signature(target, eval_str=True)
+    except Exception:  # an annotation naming what only type checkers import: those are left unchecked
+        return inspect.signature(target)
+
+
+def check_arguments(name: str, node: DictConfig) -> dict:
+    """The keys of an object config (`_target_`) must be parameters of its target (unless it takes **kwargs), of
+    the types of its signature. Returns the resolved settings that are parameters, by name."""
     try:
         target = get_object(node._target_)
     except Exception:
         raise ConfigError(f"{name}._target_={node._target_} cannot be imported: check its spelling") from None
-    parameters = inspect.signature(target).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return
-    unknown = sorted(set(node) - {p.name for p in parameters} - SPECIAL_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key {name}.{unknown[0]} (added with +?): {node._target_} has no parameter "
-                          f"'{unknown[0]}'; remove it, or check its spelling")
+    parameters = signature(target).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        unknown = sorted(set(node) - set(parameters) - SPECIAL_KEYS)
+        if unknown:
+            raise ConfigError(f"unknown key {name}.{unknown[0]} (added with +?): {node._target_} has no parameter "
+                              f"'{unknown[0]}'; remove it, or check its spelling")
+    values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k in parameters}
+    for key, value in values.items():
+        check_type(f"{name}.{key}", value, parameters[key])
+    return values
+
+
+# The ranges of the settings that torch's optimizers share, by name (their types come from the signature)
+OPTIMIZER_RANGES = {
+    "eps": (lambda v: v > 0, "a number > 0"),
+    "weight_decay": (lambda v: v >= 0, "a number >= 0 (0: no decay)"),
+    "momentum": (lambda v: 0 <= v < 1, "a number from 0 to below 1 (0: none)"),
+    "dampening": (lambda v: 0 <= v <= 1, "a number between 0 and 1"),
+}
+
+
+def check_optimizer(optimizer: DictConfig) -> None:
+    lr = optimizer.get("lr")
+    if not is_number(lr) or not lr > 0:
+        raise ConfigError(f"optimizer.lr={lr} (model.lr): give a positive learning rate")
+    values = check_arguments("optimizer", optimizer)
+    for key, (in_range, what) in OPTIMIZER_RANGES.items():
+        value = values.get(key)
+        if is_number(value) and not in_range(value):
+            raise ConfigError(f"optimizer.{key}={value}: give {what}")
+    betas = values.get("betas")
+    if "betas" in values and not (isinstance(betas, list) and len(betas) == 2
+                                  and all(is_number(b) and 0 <= b < 1 for b in betas)):
+        raise ConfigError(f"optimizer.betas={shown(betas)}: give two numbers from 0 to below 1, e.g. [0.9, 0.95]")
+
+
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # normlab's weights and optimizer state stay float32
+SHORT_PRECISIONS = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}  # Lightning's short names
+
+
+def check_precision(trainer: DictConfig) -> None:
+    precision = trainer.precision
+    if precision not in PRECISIONS:
+        full = SHORT_PRECISIONS.get(str(precision))
+        raise ConfigError(f"trainer.precision={shown(precision)}: give " + (
+            f"{full} (the same, written out)" if full else f"one of {', '.join(PRECISIONS)} (float32 weights, "
+                                                           "with bf16 or fp16 autocast for the mixed ones)"))
+    algorithm = trainer.get("gradient_clip_algorithm")
+    if algorithm not in (None, "norm", "value"):
+        raise ConfigError(f"trainer.gradient_clip_algorithm={algorithm}: give norm, value or null (norm)")
+    strategy = trainer.strategy
+    if precision == "16-mixed" and isinstance(strategy, DictConfig) and "_target_" in strategy:
+        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+        target = get_object(strategy._target_)
+        if isinstance(target, type) and issubclass(target, (FSDPStrategy, ModelParallelStrategy)):
+            raise ConfigError(f"trainer.precision=16-mixed with the sharded trainer.strategy {strategy._target_}: "
+                              "the gradient scaler checks each shard's gradients alone; use bf16-mixed, or "
+                              "strategy=ddp")
 
 
 def finite(name: str, value) -> None:
@@ -86,14 +209,13 @@ def check_train_config(cfg: DictConfig) -> None:
         positive_int("global_batch_size", cfg.global_batch_size)
     fraction("schedule.warmup_fraction", cfg.schedule.warmup_fraction)
     fraction("schedule.min_lr_ratio", cfg.schedule.min_lr_ratio)
-    lr = cfg.optimizer.get("lr")
-    if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
-        raise ConfigError(f"optimizer.lr={lr} (model.lr): give a positive learning rate")
+    check_optimizer(cfg.optimizer)
     for key in ("max_steps", "val_check_interval", "num_nodes"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0):
         raise ConfigError(f"trainer.gradient_clip_val={clip}: give a number >= 0 (0 or null: no clipping)")
+    check_precision(cfg.trainer)
     check_slurm_tasks(cfg.trainer.devices)
     if str(cfg.trainer.strategy).startswith("fsdp"):
         raise ConfigError(f"trainer.strategy={cfg.trainer.strategy} would shard the whole model as one unit: use "
@@ -105,9 +227,14 @@ def check_train_config(cfg: DictConfig) -> None:
             raise ConfigError(f"trainer.accelerator={cfg.trainer.accelerator} but this machine has no GPU that torch "
                               "can use: train on the CPU here (trainer=default, or trainer.accelerator=cpu)")
     unknown_keys("model", cfg.model, {f.name for f in dataclasses.fields(GPTConfig)} | MODEL_KEYS)
-    objects = {"data": cfg.data, "optimizer": cfg.optimizer, "trainer": cfg.trainer, "norm.layer": cfg.norm.layer}
+    objects = {"data": cfg.data, "trainer": cfg.trainer, "norm.layer": cfg.norm.layer}
+    if isinstance(cfg.trainer.strategy, DictConfig):
+        objects["trainer.strategy"] = cfg.trainer.strategy
     objects.update({f"callbacks.{k}": v for k, v in cfg.callbacks.items()})
     objects.update({f"logger.{k}": v for k, v in cfg.logger.items()})
     for name, node in objects.items():
         if node is not None and "_target_" in node:
             check_arguments(name, node)
+    for key in ("bias", "centred", "normalizes"):  # what the report pairs and compares runs by
+        if key in cfg.norm and not isinstance(cfg.norm[key], bool):
+            raise ConfigError(f"norm.{key}={shown(cfg.norm[key])}: give true or false")

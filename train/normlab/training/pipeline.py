@@ -91,15 +91,10 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
     # The bar on a terminal; in a job's log, TokenThroughput's progress lines instead
     if bar := cfg.trainer.get("enable_progress_bar", sys.stdout.isatty()):
         callbacks = [*callbacks, TrainingBar()]
-    precision = cfg.trainer.precision
-    if precision == "bf16-mixed":  # Lightning's own would refuse to clip the gradients of the fused AdamW
-        import torch
+    from normlab.training.strategies import precision_settings
 
-        from normlab.training.strategies import BF16Mixed
-
-        on_gpu = str(cfg.trainer.accelerator) != "cpu" and torch.cuda.is_available()
-        plugins.append(BF16Mixed("cuda" if on_gpu else "cpu"))
-        precision = None
+    precision, precision_plugins = precision_settings(cfg.trainer)
+    plugins += precision_plugins
     return instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -137,6 +132,7 @@ def train(cfg: DictConfig, extra_callbacks=()):
         from normlab.training.console import quiet_libraries
 
         quiet_libraries()
+        from normlab.training.revalidate import revalidate
         from normlab.training.run_dir import RunDirectory
 
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
@@ -160,6 +156,8 @@ def train(cfg: DictConfig, extra_callbacks=()):
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
     with run.opened(cfg, overrides):
         if run.resume_step >= cfg.trainer.max_steps:
+            with attention:
+                revalidate(cfg, run, module, datamodule)
             print(f"{run_dir} is finished (step {run.resume_step} of {cfg.trainer.max_steps}): nothing to do")
             return module
         trainer = build_trainer(cfg, [*callbacks, *extra_callbacks], accumulate)
@@ -168,6 +166,7 @@ def train(cfg: DictConfig, extra_callbacks=()):
         failed = True
         try:
             with attention:
+                revalidate(cfg, run, module, datamodule)  # rank 0, while the others wait for it to join
                 trainer.fit(module, datamodule=datamodule, ckpt_path=run.resume_path)
             failed = False
         finally:

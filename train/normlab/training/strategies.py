@@ -1,6 +1,7 @@
 """How a run spreads over devices and precisions: sharded training (FSDP2, fully_shard, with the transformer block as
-the unit, on GPUs and on the CPU) and bf16 autocast with a fused optimizer."""
+the unit, on GPUs and on the CPU) and bf16 or fp16 autocast with a fused optimizer."""
 
+import torch
 from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -41,3 +42,39 @@ class BF16Mixed(MixedPrecision):
 
     def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=None) -> None:
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
+class FP16Mixed(MixedPrecision):
+    """trainer.precision=16-mixed: float16 autocast with a dynamic loss scale (GradScaler), on GPUs and on the CPU
+    (Lightning's own would train bf16 on the CPU instead). Lightning leaves the gradients of an optimizer that
+    unscales in its own step (the fused AdamW) scaled, so it refuses to clip them; here GradScaler unscales them
+    before the step hooks for every optimizer (the fused step then takes them as they are), so that NonFiniteGuard
+    and the clipping see the true gradients. A step whose gradients overflow is skipped by the scaler, which halves
+    the scale; its state rides in the full checkpoints."""
+
+    def __init__(self, device: str):
+        super().__init__("16-mixed", device)
+
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        def unscaled_closure():
+            result = closure()
+            skipped = result is None and model.automatic_optimization  # no backward: nothing to unscale
+            if not skipped and optimizer.defaults.get("fused"):  # it unscales in its step; the others Lightning does
+                self.scaler.unscale_(optimizer)
+            return result
+
+        return super().optimizer_step(optimizer, model, unscaled_closure, **kwargs)
+
+    def clip_gradients(self, optimizer, clip_val=0.0, gradient_clip_algorithm=None) -> None:
+        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
+def precision_settings(trainer) -> tuple[str | None, list]:
+    """`trainer.precision` of a trainer config as Lightning's Trainer takes it, with normlab's plugin for it: the
+    mixed precisions get BF16Mixed or FP16Mixed (Lightning's own would refuse to clip the fused AdamW's gradients),
+    on the GPU when the run trains on one."""
+    plugin = {"bf16-mixed": BF16Mixed, "16-mixed": FP16Mixed}.get(trainer.precision)
+    if plugin is None:
+        return trainer.precision, []
+    on_gpu = str(trainer.accelerator) != "cpu" and torch.cuda.is_available()
+    return None, [plugin("cuda" if on_gpu else "cpu")]

@@ -80,14 +80,23 @@ class NonFiniteGuard(L.Callback):
     """Stops the run at the first optimizer step whose loss or gradients are not finite, before the update is
     applied: writes `checkpoints/nonfinite-step-NNNNNNN.ckpt` (the state just before that step) for diagnosis,
     leaves every earlier checkpoint as it was, and ends the run with a one-line error naming the step and the last
-    checkpoint known to be intact."""
+    checkpoint known to be intact. Under fp16's gradient scaler (16-mixed), gradients that overflow at a finite loss
+    are the scaler's business while its scale is at least MIN_LOSS_SCALE: it skips the step and halves the scale."""
+
+    MIN_LOSS_SCALE = 1.0  # from 2**16; below 1 the gradients overflow float16 unscaled: divergence, not warm-up
+
+    def scaler_skips(self, trainer, losses: torch.Tensor) -> bool:
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is None or scaler.get_scale() < self.MIN_LOSS_SCALE:
+            return False
+        return trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(losses).all()), all=True)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         losses = torch.stack(pl_module.micro_losses) if pl_module.micro_losses else torch.zeros(1)
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         # One multi-tensor norm and one host sync per step: the norm of all gradients is finite iff each is
         finite = bool(torch.isfinite(losses.sum() + torch.nn.utils.get_total_norm(grads)))
-        if trainer.strategy.reduce_boolean_decision(not finite, all=False):  # any rank
+        if trainer.strategy.reduce_boolean_decision(not finite, all=False) and not self.scaler_skips(trainer, losses):
             step, run = trainer.global_step, RunDirectory.of(trainer)
             path = run.dir / f"nonfinite-step-{step:07d}.ckpt"
             good = run.last_good  # written or verified by this process: never a checkpoint of unknown state
