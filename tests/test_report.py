@@ -4,6 +4,7 @@ computed by hand. No training: each test takes seconds."""
 
 import copy
 import csv
+import json
 import math
 import re
 from pathlib import Path
@@ -505,3 +506,81 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
     for name in ("angles_by_layer_pretrained-gpt2-small", "references_pretrained-pythia-70m",
                  "ablation_pretrained-gpt2-small"):
         assert (tmp_path / f"out/{name}.pdf").is_file() and f"({name}.png)" in summary
+
+
+def plant(path: Path, where: dict, column: str, value: str) -> None:
+    """Set `column` to `value` in the rows of the CSV at `path` whose columns hold the values of `where`."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows, columns = list(reader), reader.fieldnames
+    for row in rows:
+        if all(row[k] == str(v) for k, v in where.items()):
+            row[column] = value
+    write_csv(path, rows, columns)
+
+
+def test_values_that_are_not_finite_are_named_once_per_file_and_left_out_of_every_number(tmp_path, capsys):
+    """nan and inf planted in an RMS run's angles.csv (the mean angle of a site, which must not pass for the most
+    extreme one) and metrics.csv (a training loss), in another's ablation.csv, and as the final validation loss of a
+    third, which leaves that run out of the loss comparison with its reason."""
+    sweep = tmp_path / "sweep"
+    for seed in (0, 1, 2):
+        make_run(sweep, f"ln-seed{seed}", "layernorm", seed, 3.0)
+        angles_with_direction_means(make_run(sweep, f"rms-seed{seed}", "rmsnorm", seed, 3.01 + seed / 100),
+                                    {"2.final_norm.input": 91.0}, seed)
+    plant(sweep / "rms-seed0/angles.csv", {"site": "attn_norm.input", "layer": 0, "reference": "uniform"},
+          "mean_deg", "nan")
+    plant(sweep / "rms-seed0/metrics.csv", {"step": 3}, "train/loss", "inf")
+    write_ablation(sweep / "rms-seed1", 0.01, 0.008, 0.012, site_delta=math.nan)
+    plant(sweep / "rms-seed2/metrics.csv", {"step": 9, "train/loss": ""}, "val/loss", "nan")
+
+    report(f"runs={sweep}", f"out={tmp_path / 'out'}")
+
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: {sweep}/rms-seed0/metrics.csv: left out of the report, as not finite or missing: train/loss at "
+        "step 3",
+        f"warning: {sweep}/rms-seed0/angles.csv: left out of the report, as not finite or missing: mean_deg at step "
+        "10 (those rows)",
+        f"warning: {sweep}/rms-seed1/ablation.csv: left out of the report, as not finite or missing: delta at step 10 "
+        "(those rows)",
+        f"warning: {sweep}/rms-seed2/metrics.csv: left out of the report, as not finite or missing: val/loss at step "
+        "9"]
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert not re.search(r"\b(nan|inf)\b", summary, re.IGNORECASE)
+    assert "| rms-seed2 | rmsnorm | 2 |" in summary
+    assert "**final val loss (after step 10) not finite in metrics.csv: left out**" in summary
+    # seeds 0 and 1 paired: 0.01 and 0.02
+    assert "| rmsnorm − layernorm (the bias differs too) | 2 (0, 1) | +0.0100, +0.0200 | +0.0150 |" in summary
+    (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
+    angle = row.split(" | ")[5]  # seed 0 lacks a site now: the largest of the sites without the null of the largest
+    assert angle.startswith("+8.6 (final, 91.00°)§, largest of 5 sites")  # not the site left out: 0 attn
+    assert "centred: +0.0100 [+0.0080, +0.0120] (bootstrap over windows); 1 run not ablated |" in row
+
+
+def converted(root: Path, name: str, step: int = 10) -> Path:
+    """A run directory as normlab-convert writes it: config.yaml with `converted_from` and one checkpoint (here
+    empty: the report does not read it), no metrics.csv."""
+    run_dir = root / name
+    (run_dir / "checkpoints").mkdir(parents=True)
+    cfg = composed("rmsnorm_bias")
+    OmegaConf.set_struct(cfg, False)
+    cfg.run_dir, cfg.converted_from = str(run_dir), {"command": "normlab-convert", "path": "/models/ln", "step": step}
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    (run_dir / "checkpoints" / f"step-{step:07d}.ckpt").write_bytes(b"")
+    (run_dir / "checkpoints" / f"step-{step:07d}.ckpt.json").write_text(json.dumps({"step": step}))
+    return run_dir
+
+
+def test_a_converted_run_among_the_runs_is_listed_as_left_out_with_the_commands_for_its_angles(tmp_path):
+    sweep = tmp_path / "sweep"
+    make_run(sweep, "ln-seed0", "layernorm", 0, 3.0)
+    run_dir = converted(sweep, "ln-rms")
+
+    report(f"runs={sweep}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert ("\n\nLeft out, with no training metrics (metrics.csv) to compare:\n"
+            f"- `{run_dir}`: converted by normlab-convert from `/models/ln`; its angles enter as a pretrained model's: "
+            f"`normlab-angles model_path={run_dir}`, then that CSV in csvs=[...]\n\n## tiny\n") in summary
+    assert "| ln-seed0 | layernorm | 0 |" in summary and "| ln-rms |" not in summary

@@ -1,19 +1,26 @@
 """The run directory's claim: one process per run directory, a stale claim taken over, never a live one; the
-CSV tables' torn rows; a run written before normlab had subpackages resumed; the checkpoint schedule's steps. Real
-files, real processes, the real one-node Slurm cluster (`make test` starts it)."""
+CSV tables' torn rows, and lost validation rows regenerated; a run written before normlab had subpackages resumed;
+the checkpoint schedule's steps. Real files, real processes, the real one-node Slurm cluster (`make test` starts
+it)."""
 
 import fcntl
 import json
 import os
+import re
+import shlex
+import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, state, wait
+from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, run_of, state, wait
 from normlab.common.paths import MOVED_TARGETS
+from normlab.study.report.groups import group_runs
+from normlab.study.report.runs import find_runs
 from normlab.training.checkpoint_files import checkpoint_steps, write_checkpoint
 from normlab.training.claim import Claim, process_start, this_process
 from normlab.training.run_files import RunDirError
@@ -155,33 +162,65 @@ def test_torn_and_damaged_rows_are_told_apart_from_whole_ones(tmp_path):
     assert dropped == 3  # no integer step, a field too many, the last line cut short
 
 
-def test_a_lost_validation_row_before_the_resume_step_is_named(prepared, tmp_path):
-    """A real run resumed from previous.ckpt (step 4: its last.ckpt lost) whose metrics.csv has the validation row
-    of step 3 (the validation after optimizer step 4) cut short and its newline kept (a damaged copy): the row is
-    dropped, the warning names the validation lost, every other row before step 4 is kept byte for byte, and steps
-    4-5 are logged again."""
+def test_lost_validation_rows_come_back_from_a_checkpoint_of_their_step_else_are_named(prepared, tmp_path):
+    """A real run resumed from previous.ckpt (step 4: its last.ckpt lost) whose metrics.csv has the validation rows of
+    steps 1 and 3 (the validations after optimizer steps 2 and 4) cut short with their newlines kept (a damaged copy),
+    and whose step-0000002.ckpt is lost: both rows are dropped; step 3's is validated again from step-0000004.ckpt,
+    the row training logged byte for byte, and step 1's, whose weights no checkpoint holds now, is named. Every other
+    row before step 4 is kept byte for byte, and steps 4-5 are logged again."""
     run = tmp_path / "run"
     assert (result := run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)).returncode == 0, result.stderr[-3000:]
-    for name in ("last.ckpt", "last.ckpt.json"):
+    for name in ("last.ckpt", "last.ckpt.json", "step-0000002.ckpt", "step-0000002.ckpt.json"):
         (run / "checkpoints" / name).unlink()
     metrics = run / "metrics.csv"
     lines = metrics.read_text().splitlines(keepends=True)
-    (cut,) = [i + 1 for i, row in enumerate(read_table(metrics)[1]) if row["step"] == "3" and row["val/loss"]]
-    kept = [line for i, line in enumerate(lines[1:], 1) if i != cut and int(line.split(",")[0]) < 4]
-    lines[cut] = lines[cut][: lines[cut].rindex(",")] + "\n"  # cut short: it loses its last field, val/loss
-    metrics.write_text("".join(lines))
+    step_1, step_3 = [i + 1 for i, row in enumerate(read_table(metrics)[1]) if row["val/loss"] and int(row["step"]) < 4]
+    kept = [line for i, line in enumerate(lines[1:], 1) if i != step_1 and int(line.split(",")[0]) < 4]
+    damaged = [line[: line.rindex(",")] + "\n" if i in (step_1, step_3) else line for i, line in enumerate(lines)]
+    metrics.write_text("".join(damaged))  # each cut short: it loses its last field, val/loss
 
     result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming {run} from checkpoints/previous.ckpt at step 4" in result.stderr
-    assert f"warning: {metrics}: dropped 1 torn or damaged row" in result.stderr
-    assert (f"warning: {metrics} has no validation rows for step 3 (lost with the file; they cannot be "
+    assert f"warning: {metrics}: dropped 2 torn or damaged rows" in result.stderr
+    assert (f"warning: {metrics} has no validation rows for step 1 (lost with the file; they cannot be "
             "regenerated)") in result.stderr
+    assert "metrics.csv: validated step 4 again from step-0000004.ckpt" in result.stderr
     after = metrics.read_text().splitlines(keepends=True)
-    assert after[: 1 + len(kept)] == [lines[0], *kept]
+    assert after[: 1 + len(kept)] == [lines[0], *kept]  # step 3's validation row among them, as training logged it
     rows = read_table(metrics)[1]
     assert [r["step"] for r in rows if r["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
-    assert [r["step"] for r in rows if r["val/loss"]] == ["1", "5"]  # 3's is lost; 5's logged again
+    assert [r["step"] for r in rows if r["val/loss"]] == ["3", "5"]  # 1's is lost; 5's logged again
+
+
+def test_a_finished_run_whose_final_validation_row_was_torn_gets_it_back_bit_for_bit(sweep, tmp_path):
+    """A finished run (a copy of the session's LayerNorm run) without its final validation row: the report leaves it
+    out and names the command that repairs it. Killed mid-write of that row (its last line cut short), the run gets
+    it back from that command, byte for byte the row training logged, validated again from step-0000006.ckpt, with no
+    warning that a row cannot be regenerated; the report then compares the run."""
+    run = Path(shutil.copytree(run_of(sweep, "layernorm"), tmp_path / "runs" / "ln",
+                               ignore=shutil.ignore_patterns("previous.ckpt*")))
+    metrics = run / "metrics.csv"
+    logged = metrics.read_bytes()
+    final = logged[logged.rindex(b"\n", 0, -1) + 1:]  # the validation after step 6
+    assert final.startswith(b"5,") and final.rstrip().split(b",")[-1]
+    metrics.write_bytes(logged[: -len(final)])
+    (before,) = group_runs(find_runs([run.parent])[0])[0].runs  # what normlab-report makes of it
+    found = re.fullmatch(r"metrics.csv has no validation of its final step 6, which its checkpoint holds: `([^`]+)` "
+                         r"puts it back: left out", before.left_out)
+    assert found, before.left_out
+    command = shlex.split(found.group(1))
+    assert command[0] == "normlab-train" and command[-1] == f"run_dir={run}" and "norm=layernorm" in command
+
+    metrics.write_bytes(logged[: -len(final) // 2])  # the row cut mid-way
+    result = run_cli(*command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{run} is finished (step 6 of 6): nothing to do" in result.stdout
+    assert "metrics.csv: validated step 6 again from step-0000006.ckpt" in result.stderr
+    assert "cannot be regenerated" not in result.stderr
+    assert metrics.read_bytes() == logged
+    (after,) = group_runs(find_runs([run.parent])[0])[0].runs
+    assert (after.left_out, after.val_step) == ("", 6)
 
 
 def named_before_the_move(config):

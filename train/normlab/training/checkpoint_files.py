@@ -63,6 +63,12 @@ class CheckpointSchedule:
         return step % self.val_check_interval == 0 or step == self.max_steps
 
 
+def read_checkpoint(path: Path) -> dict:
+    """A normlab checkpoint, memory-mapped: its tensors are read from the file when used (the commands that read
+    one take it through training.loader, which verifies it first)."""
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+
+
 @dataclass(frozen=True)
 class Record:
     """What the digest file `<checkpoint>.json` says of its checkpoint."""
@@ -201,6 +207,15 @@ def chosen_checkpoint(path: Path, accepts: str) -> tuple[Path, int, list[str]]:
         return path, verify(path).step, []
     except RunDirError as e:
         raise RunDirError(f"{e}: give another checkpoint of the run, or the run directory") from None
+
+
+def intact_checkpoint_of(run: Path, step: int) -> Path | None:
+    """An intact checkpoint of the run directory `run` that holds the weights of `step` (by the step its digest file
+    records), a scheduled one before last.ckpt and previous.ckpt (fewer bytes to hash); None where there is none."""
+    folder = run / "checkpoints"
+    candidates = [p for p in [*sorted(folder.glob("step-*.ckpt")), folder / LAST, folder / PREVIOUS]
+                  if p.is_file() and recorded_step(p) == step]
+    return newest_intact(candidates)[0]
 
 
 def resume_choice(run: Path) -> tuple[Path | None, int, set[str]]:

@@ -12,7 +12,7 @@ from torch import nn
 
 from normlab.common.errors import NormlabError
 from normlab.common.paths import current_targets
-from normlab.training.checkpoint_files import chosen_checkpoint
+from normlab.training.checkpoint_files import chosen_checkpoint, read_checkpoint
 from normlab.training.claim import describe, training_holder
 from normlab.training.pipeline import build_model
 from normlab.training.run_files import RunDirError
@@ -61,11 +61,6 @@ def chosen(path: Path, error: type[NormlabError], accepts: str = ACCEPTS,
         warnings.append(f"{run_dir} is still being trained ({describe(holder)}): step {step} is a snapshot of a run "
                         "in progress, not its final weights")
     return checkpoint, step, warnings
-
-
-def read_checkpoint(path: Path) -> dict:
-    """A normlab checkpoint, memory-mapped: its tensors are read from the file when used."""
-    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
 
 
 def saved_config(checkpoint: dict) -> dict:

@@ -5,7 +5,8 @@ Lightning callback, `callbacks.scheduled_checkpoints` in the config)
 - checks that the directory holds a run of the same config (run_config.py), or moves that run aside with
   restart=true, and keeps the run's wandb id (`run_id`: new for a fresh run, the same whenever it resumes);
 - resumes from the intact full checkpoint of the highest step recorded in it (checkpoint_files.py), and makes
-  metrics.csv and angles.csv consistent with that checkpoint (run_tables.py);
+  metrics.csv and angles.csv consistent with that checkpoint (run_tables.py), finding the checkpoints that hold the
+  weights of validations metrics.csv lost (train() validates them again: revalidate.py);
 - saves `last.ckpt` (full training state) after every validation, the previous one kept as `previous.ckpt`, and the
   scheduled `step-NNNNNNN.ckpt` (model weights and config; full state with scheduled=full): each atomically with
   its digest file, once the rows logged so far are on disk, so that a checkpoint never runs ahead of its rows;
@@ -36,6 +37,7 @@ from normlab.training.checkpoint_files import (
     PREVIOUS,
     CheckpointSchedule,
     digest_path,
+    intact_checkpoint_of,
     resume_choice,
     write_checkpoint,
 )
@@ -126,6 +128,7 @@ class RunDirectory(Checkpoint):
         self.damaged: set[str] = set()  # names of checkpoints found damaged: never promoted to previous.ckpt
         self.last_good: Path | None = None  # the newest checkpoint this process verified or wrote
         self.last_saved, self.last_saved_step = None, None  # the last full checkpoint this process wrote, its step
+        self.lost_validations: dict[int, Path] = {}  # (rank 0) validations metrics.csv lost -> a checkpoint of them
 
     @staticmethod
     def of(trainer: L.Trainer) -> "RunDirectory | None":
@@ -172,7 +175,9 @@ class RunDirectory(Checkpoint):
                 file=sys.stderr,
                 flush=True,
             )
-        self.tables.keep_metrics_before(self.resume_step, self.schedule.validates_after)
+        self.lost_validations = self.tables.keep_metrics_before(
+            self.resume_step, self.schedule.validates_after, lambda step: intact_checkpoint_of(self.path, step)
+        )
         self.tables.keep_angles_until(self.resume_step)
         if not (self.path / RUN_ID_FILE).is_file():
             write_atomically(self.path / RUN_ID_FILE, (os.urandom(8).hex() + "\n").encode())

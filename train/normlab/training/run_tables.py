@@ -1,6 +1,7 @@
 """metrics.csv and angles.csv of a run directory: CSV tables whose rows one writer appends (torn rows told apart
 from whole ones), rewritten atomically, and made consistent with the checkpoint a run resumes from (the rows of an
-interrupted attempt after it dropped, the rows lost before it reported)."""
+interrupted attempt after it dropped, the validation rows lost before it validated again from a checkpoint of their
+step where one holds it, the others reported)."""
 
 import csv
 import io
@@ -60,30 +61,48 @@ class RunTables:
     def __init__(self, run: Path):
         self.metrics, self.angles = run / METRICS_FILE, run / ANGLES_FILE
 
-    def keep_metrics_before(self, step: int, validates_after: Callable[[int], bool]) -> None:
+    def keep_metrics_before(self, step: int, validates_after: Callable[[int], bool],
+                            checkpoint_of: Callable[[int], Path | None]) -> dict[int, Path]:
         """metrics.csv holds exactly the rows of the steps before `step`, the resume step: torn rows and the rows an
-        interrupted attempt logged after its checkpoint are dropped; training and validation rows (after the
-        optimizer steps s for which validates_after(s)) missing before it are reported."""
+        interrupted attempt logged after its checkpoint are dropped. Of the validation rows missing before it (after
+        the optimizer steps s for which validates_after(s)), those of a step whose weights a checkpoint holds
+        (checkpoint_of(s): an intact one, else None) are returned, s -> checkpoint, to be validated again
+        (revalidate.py); the others, and the training rows missing, are reported."""
         path = self.metrics
         header, rows, torn = read_table(path)
         if not header:
-            return
+            return {}
         kept = [r for r in rows if int(r["step"]) < step]
         if torn:
             warn(f"{path}: dropped {torn} torn or damaged row{'s' * (torn > 1)}")
         if len(kept) != len(rows) or torn:
             write_table(path, header, kept)
         if "train/loss" not in header:
-            return
+            return {}
         # the validation after optimizer step s (1-based) is logged with the step of that optimizer step's row, s - 1
-        validated = {s - 1 for s in range(1, step + 1) if validates_after(s)}
+        validated = {int(r["step"]) + 1 for r in kept if r.get("val/loss")}
+        lost = [s for s in range(1, step + 1) if validates_after(s) and s not in validated]
+        found = {s: checkpoint for s in lost if (checkpoint := checkpoint_of(s)) is not None}
         gaps = []
-        for kind, column, steps in (("training", "train/loss", range(step)), ("validation", "val/loss", validated)):
-            missing = sorted(set(steps) - {int(r["step"]) for r in kept if r.get(column)})
+        trained = {int(r["step"]) for r in kept if r.get("train/loss")}
+        for kind, missing in (("training", sorted(set(range(step)) - trained)),
+                              ("validation", [s - 1 for s in lost if s not in found])):
             if missing:
                 gaps.append(f"{kind} rows for step{'s' * (len(missing) > 1)} {step_ranges(missing)}")
         if gaps:
             warn(f"{path} has no {' and no '.join(gaps)} (lost with the file; they cannot be regenerated)")
+        return found
+
+    def put_metrics(self, new: list[dict]) -> None:
+        """Put rows into metrics.csv after the rows of their step and those before it (where training logged a
+        validation: the last row of its step), columns it lacks added as the logger adds them; atomic."""
+        header, rows, _ = read_table(self.metrics)
+        added = {k for row in new for k in row} - set(header)
+        if added:
+            header = ["step", *sorted(set(header) - {"step"} | added)]
+        for row in sorted(new, key=lambda r: r["step"]):
+            rows.insert(next((i for i, r in enumerate(rows) if int(r["step"]) > row["step"]), len(rows)), row)
+        write_table(self.metrics, header, rows)
 
     def keep_angles_until(self, step: int) -> None:
         path = self.angles

@@ -6,10 +6,12 @@ variant, names, paths, loggers, devices: `comparison_settings`); within a group,
 (LayerNorm) and one without (RMSNorm) of the same bias setting and seed form a pair (same initial weights, same
 batches), and the paired differences of their final validation loss give a t-based 95% confidence interval. DyT
 (a layer that does not normalize) is paired with LayerNorm the same way, as a comparison of its own.
-Unfinished runs and replicates are shown and flagged, never compared; `.replaced-*` folders (restart=true) are
-skipped. Angles come from each run's angles.csv at its last measured step, ablations from its ablation.csv
-(normlab-ablate). Pretrained models enter as the CSVs of normlab-angles (and normlab-ablate). docs/report.md says
-how to read every table and figure.
+Unfinished runs (by their checkpoints' steps), runs whose final validation loss is not finite or missing, and
+replicates are shown and flagged, never compared; `.replaced-*` folders (restart=true) are skipped, and folders of a
+model without training metrics (normlab-convert's) listed. Values that are not finite numbers are left out of every
+number, each file's named in a warning. Angles come from each run's angles.csv at its last measured step, ablations
+from its ablation.csv (normlab-ablate). Pretrained models enter as the CSVs of normlab-angles (and normlab-ablate).
+docs/report.md says how to read every table and figure.
 
 The package: runs.py reads run directories, pretrained.py the CSVs of pretrained models, groups.py groups and pairs
 the runs, intervals.py holds the paired statistics, verdict.py and tables.py write summary.md's tables, figures.py
@@ -27,7 +29,7 @@ from normlab.probe.table import AnalysisError
 from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
 from normlab.study.report.groups import group_runs
 from normlab.study.report.pretrained import load_pretrained
-from normlab.study.report.runs import find_runs
+from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
 from normlab.study.report.verdict import HOW_TO_READ, verdict
 
@@ -41,17 +43,22 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
     # new, empty, or an earlier report holding only what it wrote (its marker), which it replaces: outputs.py
     outputs.check_folder(out, COMMAND, owned_in_run=("report",))
     runs, replaced = find_runs(paths)
+    untrained = untrained_runs(paths)
     pretrained = load_pretrained(list(csvs))
     if not runs and not pretrained:
-        untrained = [p for p in paths if (p / "config.yaml").is_file() and not (p / "metrics.csv").exists()]
-        hint = (f": {untrained[0]} has no training metrics (a run of normlab-convert, say); give the CSV of "
-                f"`normlab-angles model_path={untrained[0]}` as csvs=[...]") if untrained else ""
+        first = untrained[0][0] if untrained else None
+        hint = (f": {first} has no training metrics (a run of normlab-convert, say); give the CSV of "
+                f"`normlab-angles model_path={first}` as csvs=[...]") if first else ""
         raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}{hint}")
     groups = group_runs(runs)
     table, notes = verdict(groups, pretrained)
     head = f"# normlab report\n\n## Verdict\n\n{table}\n{notes}{HOW_TO_READ}\n"
     if replaced:
         head += "Skipped (runs moved aside by restart=true): " + ", ".join(f"`{p}`" for p in replaced) + "\n\n"
+    if untrained:
+        head += "Left out, with no training metrics (metrics.csv) to compare:\n" + "".join(
+            f"- `{p}`: {what}; its angles enter as a pretrained model's: `normlab-angles model_path={p}`, then that "
+            "CSV in csvs=[...]\n" for p, what in untrained) + "\n"
     parameters: dict = {}
     sections = [group_section(g, parameters) for g in groups] + [pretrained_section(m) for m in pretrained]
     # the tables are ready: a failure before this point writes nothing, one after it leaves the old report whole

@@ -115,17 +115,18 @@ class Group:
         return [self.series_of(v) for v in self.variants() if self.compared(v)]
 
     def check_and_pair(self) -> None:
-        """Flag unfinished runs and replicates (left out), then pair centred and uncentred runs by seed: per bias
-        setting (a 2x2 sweep gives two comparisons), else the one centred and the one uncentred norm left (the
-        paper's LayerNorm and RMSNorm: the bias differs too). A layer that does not normalize (DyT) stays out of
-        those cells: it is paired with the centred norm of its bias setting, else the one with a bias."""
+        """Flag runs without a final loss to compare (Run.incomplete: unfinished, ...) and replicates (left out),
+        then pair centred and uncentred runs by seed: per bias setting (a 2x2 sweep gives two comparisons), else the
+        one centred and the one uncentred norm left (the paper's LayerNorm and RMSNorm: the bias differs too). A layer
+        that does not normalize (DyT) stays out of those cells: it is paired with the centred norm of its bias setting,
+        else the one with a bias."""
         cells: dict[tuple[bool, bool], dict[tuple, Run]] = defaultdict(dict)  # (centred, bias) -> pairing -> run
         pointwise: dict[Variant, dict[tuple, Run]] = defaultdict(dict)  # the layers that do not normalize
         for run in sorted(self.runs, key=lambda r: (-(r.val_step or 0), r.name)):
             variant = run.variant
             cell = cells[(variant.centred, variant.bias)] if variant.normalizes else pointwise[variant]
-            if run.unfinished:
-                run.left_out = f"{run.unfinished}: left out"
+            if run.incomplete:
+                run.left_out = f"{run.incomplete}: left out"
             elif run.pairing in cell:
                 same = "centring, bias" if variant.normalizes else "layer"
                 run.left_out = f"same settings, {same} and seed as {cell[run.pairing].name}: a replicate, left out"

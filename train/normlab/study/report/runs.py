@@ -1,8 +1,12 @@
 """Reading what the report compares: run directories (config.yaml, metrics.csv, and the angles.csv, ablation.csv and
-eval/results.csv beside them) into Runs, with each run's norm variant; `.replaced-*` folders are skipped."""
+eval/results.csv beside them) into Runs, with each run's norm variant, the step of its checkpoints (whether it
+finished) and its values that are not finite numbers left out (`screened`, one warning per file); `.replaced-*` folders
+are skipped, and folders without training metrics (normlab-convert's) found to be listed (`untrained_runs`)."""
 
 import math
 import os
+import shlex
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.paths import current_targets
 from normlab.probe.table import AnalysisError, DamagedTable, read_rows
+from normlab.training.run_files import warn
+from normlab.training.run_tables import step_ranges
 
 
 @dataclass(frozen=True)
@@ -52,12 +58,53 @@ def table_value(column: str, value: str) -> int | float | list[float] | str | No
     """A value of an angles or ablation CSV, read by its column's name: numbers where the report computes with
     them (empty: None), a list of them for null_random_means_deg, any other column as its text."""
     if column in INT_COLUMNS:
-        return int(float(value)) if value else None
+        number = float(value) if value else None
+        return int(number) if number is not None and math.isfinite(number) else number  # nan, inf: screened out
     if column in FLOAT_COLUMNS:
         return float(value) if value else None
     if column in LIST_COLUMNS:
         return [float(v) for v in value.split()] or None
     return value
+
+
+# the columns without which a row says nothing: a row whose value there is missing or not finite is left out whole
+NEEDED = {"angles": ANGLE_COLUMNS[:2] + ("count", "mean_deg", "std_deg", "mean_cos2", "null_std_deg", "d"),
+          "ablation": ("step", "delta"), "evaluation": ("step", "value"), "metrics": ()}
+
+
+def not_finite(value) -> bool:
+    if isinstance(value, list):
+        return any(not_finite(v) for v in value)
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def screened(path: Path, rows: list[dict], kind: str) -> tuple[list[dict], dict[str, list[int]]]:
+    """The rows of a table that the report reads, less their values that are not finite numbers (nan, inf): a row
+    is left out where that value, or a missing one, is in a NEEDED column, else just the value (None: not there).
+    One warning line names the file, each column and its steps (or lines); returned too: column -> steps."""
+    needed, kept, found = NEEDED[kind], [], defaultdict(list)
+    for line, row in enumerate(rows, start=2):
+        bad = [c for c, v in row.items() if not_finite(v) or (c in needed and v is None)]
+        dropped = [c for c in bad if c in needed]  # the row is left out: these say why
+        for column in dropped or bad:
+            found[column].append(row["step"] if isinstance(row.get("step"), int) else -line)  # no step: its line
+            row[column] = None
+        if not dropped:
+            kept.append(row)
+    if found:
+        warn(f"{path}: left out of the report, as not finite or missing: "
+             + "; ".join(f"{column} at {where(places)}" + (" (those rows)" if column in needed else "")
+                         for column, places in found.items()))
+    return kept, {column: [s for s in places if s >= 0] for column, places in found.items()}
+
+
+def where(places: list[int]) -> str:
+    """'steps 0, 6 (3 rows)' for steps [0, 6, 6], 'line 7' for -7 (a row without a step)."""
+    steps, lines = sorted({s for s in places if s >= 0}), sorted(-s for s in places if s < 0)
+    parts = [f"step{'s' * (len(steps) > 1)} {step_ranges(steps)}"] if steps else []
+    parts += [f"line{'s' * (len(lines) > 1)} {', '.join(map(str, lines))}"] if lines else []
+    rows = f" ({len(places)} rows)" if len(places) > len(steps) + len(lines) else ""
+    return " and ".join(parts) + rows
 
 
 def metric_value(column: str, value: str) -> int | float | None:
@@ -90,23 +137,43 @@ def read_config(path: Path) -> dict:
 
 def read_angles(path: Path, remedy: str) -> list[dict]:
     try:
-        return read_rows(path, table_value, ANGLE_COLUMNS)
+        return screened(path, read_rows(path, table_value, ANGLE_COLUMNS), "angles")[0]
     except DamagedTable as e:
         raise AnalysisError(f"{e}: {remedy}") from None
 
 
 def read_evaluation(path: Path) -> list[dict]:
     try:
-        return read_rows(path, table_value, EVAL_COLUMNS)
+        return screened(path, read_rows(path, table_value, EVAL_COLUMNS), "evaluation")[0]
     except DamagedTable as e:
         raise AnalysisError(f"{e}: move it aside and evaluate the run again with normlab-eval") from None
 
 
 def read_ablation(path: Path) -> list[dict]:
     try:
-        return read_rows(path, table_value, ABLATION_COLUMNS)
+        return screened(path, read_rows(path, table_value, ABLATION_COLUMNS), "ablation")[0]
     except DamagedTable as e:
         raise AnalysisError(f"{e}: write it again with normlab-ablate") from None
+
+
+def saved_step(run_dir: Path) -> int | None:
+    """The highest step the run's checkpoints hold, as their digest files record it (checkpoint_files.py; not
+    verified: the training run that resumes from them does that); None where it has none."""
+    from normlab.training.checkpoint_files import recorded_step  # here: it imports torch
+
+    steps = [recorded_step(p) for p in (run_dir / "checkpoints").glob("*.ckpt") if not p.name.startswith("nonfinite")]
+    return max(steps) if steps and max(steps) >= 0 else None
+
+
+def repair_command(run_dir: Path) -> str:
+    """The normlab-train command that trained the run (its overrides.yaml), aimed at the directory the run is in now:
+    run again, it repairs metrics.csv and angles.csv."""
+    try:
+        overrides = [str(o) for o in OmegaConf.load(run_dir / "overrides.yaml")]
+    except Exception:  # noqa: BLE001 (yaml's and OmegaConf's errors alike: none, or damaged)
+        return f"normlab-train <the overrides that trained it> run_dir={run_dir.absolute()}"
+    kept = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("run_dir", "restart")]
+    return shlex.join(["normlab-train", *kept, f"run_dir={run_dir.absolute()}"])
 
 
 @dataclass
@@ -120,6 +187,8 @@ class Run:
     evaluation: list[dict] = field(default_factory=list)  # eval/results.csv of normlab-eval
     left_out: str = ""  # why the run is not compared ("": it is)
     note: str = ""  # what else the runs table says of it
+    saved_step: int | None = None  # the highest step of its checkpoints (None: none, e.g. a copy of its tables)
+    nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metrics.csv: column -> steps not finite
 
     @property
     def model(self) -> str:
@@ -154,21 +223,33 @@ class Run:
         return self.metrics["val/loss"][-1][1] if self.metrics.get("val/loss") else math.nan
 
     @property
-    def unfinished(self) -> str:
-        """Why the run has not finished ('' when it has)."""
-        if self.val_step is None:
-            return "unfinished: no validation yet"
-        if self.max_steps is not None and self.val_step < self.max_steps:
-            return f"unfinished: step {self.val_step:,} of {self.max_steps:,}"
+    def incomplete(self) -> str:
+        """Why the run's final validation loss cannot be compared ('' when it can): the run is unfinished (by the
+        steps of its checkpoints, or where it has none by its last validation row), or that loss is not finite, or
+        metrics.csv lacks it (a finished run: rerunning its command validates its final checkpoint again)."""
+        final, validated = self.max_steps, self.val_step
+        if final is not None and self.saved_step is not None and self.saved_step < final:
+            return f"unfinished: step {self.saved_step:,} of {final:,}"
+        if (bad := self.nonfinite.get("val/loss")) and max(bad) + 1 > (validated or 0):
+            return f"final val loss (after step {max(bad) + 1:,}) not finite in metrics.csv"
+        if final is None or self.saved_step is None:
+            if validated is None:
+                return "unfinished: no validation yet"
+            return f"unfinished: step {validated:,} of {final:,}" if final is not None and validated < final else ""
+        if validated != final:
+            return (f"metrics.csv has no validation of its final step {final:,}, which its checkpoint holds: "
+                    f"`{repair_command(self.dir)}` puts it back")
         return ""
 
 
 def load_run(run_dir: Path, name: str) -> Run:
-    run = Run(run_dir, name, read_config(run_dir / "config.yaml"))
+    run = Run(run_dir, name, read_config(run_dir / "config.yaml"), saved_step=saved_step(run_dir))
     try:
-        rows = read_rows(run_dir / "metrics.csv", metric_value)
+        rows, run.nonfinite = screened(run_dir / "metrics.csv", read_rows(run_dir / "metrics.csv", metric_value),
+                                       "metrics")
     except DamagedTable as e:
-        raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it") from None
+        raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it: "
+                            f"{repair_command(run_dir)}") from None
     for row in rows:
         for key, value in row.items():
             if key not in ("step", "epoch") and value is not None:
@@ -203,3 +284,23 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
     common = Path(os.path.commonpath([d.resolve() for d in dirs])) if len(dirs) > 1 else None
     runs = [load_run(d, str(d.resolve().relative_to(common)) if common else d.resolve().name) for d in dirs]
     return runs, sorted(replaced)
+
+
+def untrained_runs(paths: list[Path]) -> list[tuple[Path, str]]:
+    """The run directories at or under `paths` with a config.yaml and a checkpoint but no metrics.csv, which have no
+    training metrics to compare (a model of normlab-convert; a run that lost its metrics.csv, or logged nothing), each
+    with what it is; none in `.replaced-*` folders."""
+    found = []
+    for root in paths:
+        for config in sorted(root.rglob("config.yaml")):
+            run = config.parent
+            if (".replaced-" in str(run.relative_to(root)) or (run / "metrics.csv").exists()
+                    or not any((run / "checkpoints").glob("*.ckpt"))):
+                continue
+            try:
+                source = OmegaConf.select(OmegaConf.load(config), "converted_from.path")
+            except Exception:  # noqa: BLE001 (yaml's and OmegaConf's errors alike: not a config this could read)
+                source = None
+            found.append((run, f"converted by normlab-convert from `{source}`" if source else
+                          "a run without metrics.csv (lost, or nothing logged yet)"))
+    return found

@@ -35,9 +35,11 @@ def runs_table(group: Group, parameters: dict) -> str:
         rates = [v for _, v in run.metrics.get("train/tokens_per_sec", [])[1:]]  # the first includes warm-up
         step = f"{run.val_step or 0:,}" + (f" of {run.max_steps:,}" if run.max_steps else "")
         status = f"**{run.left_out}**" if run.left_out else "compared" + (f"; {run.note}" if run.note else "")
+        status = status.replace("|", r"\|")  # a | in a command would end the cell
+        loss = f"{run.final_val_loss:.4f}" if math.isfinite(run.final_val_loss) else "—"
+        rate = f"{statistics.median(rates):,.0f}" if rates else "—"
         lines.append(f"| {run.name} | {run.variant.name} | {run.seed} | {parameter_count(run.config, parameters):,} "
-                     f"| {step} | {run.final_val_loss:.4f} | {statistics.median(rates) if rates else math.nan:,.0f} "
-                     f"| {status} |")
+                     f"| {step} | {loss} | {rate} | {status} |")
     return "\n".join(lines) + "\n"
 
 
