@@ -38,8 +38,8 @@ def test_help_and_completion_offer_every_option_that_composes_and_nothing_else()
 
 @pytest.mark.parametrize("command, groups", [
     ("normlab-angles", {"paths", "probe"}), ("normlab-report", set()), ("normlab-bench", {"model", "paths"}),
-    ("normlab-prepare", {"data", "paths"}), ("normlab-export", set()), ("normlab-sample", set()),
-    ("normlab-eval", {"paths"}), ("normlab-convert", set()),
+    ("normlab-prepare", {"data", "paths"}), ("normlab-export", {"paths"}), ("normlab-sample", {"paths"}),
+    ("normlab-eval", {"paths"}), ("normlab-convert", {"paths"}),
 ])
 def test_help_and_completion_offer_only_the_groups_that_the_command_composes(command, groups):
     helped = run_cli(command, "--help")

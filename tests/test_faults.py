@@ -223,7 +223,7 @@ def test_ctrl_c_saves_the_step_exits_130_and_a_second_ctrl_c_ends_the_process_at
         process.send_signal(signal.SIGINT)
         err = finish(process, -signal.SIGINT)  # ended by the signal itself: no handler ran, nothing more was written
         assert resumed_step(err, run) == stopped_at
-        assert "normlab-train: second Ctrl-C: stopped at once, without saving; the next start resumes" in err
+        assert "normlab-train: Ctrl-C: stopping after this step, its progress saved; a second Ctrl-C stops" in err
         if saving(run):  # the save was cut short
             break
         stopped_at = intact_full_step(run)  # the save ended first: the next start resumes from it; try again

@@ -51,15 +51,17 @@ def under_submitit() -> bool:
 
 def note_signal(signum, frame) -> None:
     if signum == signal.SIGINT:
-        # A second Ctrl-C ends the process at once, by SIGINT's default action, also mid-save: the next start
-        # resumes from the newest intact checkpoint, as after SIGKILL. (Here as well when Lightning's teardown has
-        # put this handler back.)
+        # A second Ctrl-C ends the process at once, by SIGINT's default action, also mid-save (a Python handler would
+        # wait for the C call in progress, a checkpoint's write say): the next start resumes from the newest intact
+        # checkpoint, as after SIGKILL. So the line that says so is written at the first one. (The handler also
+        # comes back here when Lightning's teardown has put it back.)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if signal.SIGINT in received:
-            # os.write: print() may be in use by the code this handler interrupted (a reentrant call raises)
-            os.write(2, f"{os.path.basename(sys.argv[0])}: second Ctrl-C: stopped at once, without saving; the next "
-                        "start resumes from the newest intact checkpoint\n".encode())
             os.kill(os.getpid(), signal.SIGINT)
+        # os.write: print() may be in use by the code this handler interrupted (a reentrant call raises)
+        os.write(2, f"{os.path.basename(sys.argv[0])}: Ctrl-C: stopping after this step, its progress saved; a second "
+                    "Ctrl-C stops at once, without saving (the next start resumes from the newest intact "
+                    "checkpoint)\n".encode())
     received.append(signum)
 
 

@@ -16,14 +16,13 @@ angles, eval, report, bench, prepare, convert), checked before any work starts a
   that fails if anything has appeared there (renameat2's RENAME_NOREPLACE; a hard link for a file). An earlier
   output is first renamed aside, then checked again; anything in it that the command did not write puts it back as
   it was, and the command ends with one line. Readers see the path missing for that instant.
-- Writes are atomic. A file is written to a temporary file beside it, a folder (a prepared corpus, an export, a
-  report) into a staging folder, each moved into place once complete; what a killed write left is put right by the
-  next write on that machine. A kill mid-write leaves the old output whole.
+- Writes are atomic (common/atomic.py). A file is written to a temporary file beside it, a folder (a prepared
+  corpus, an export, a report) into a staging folder, each moved into place once complete; what a killed write
+  left is put right by the next write on that machine. A kill mid-write leaves the old output whole.
 - Outputs are readable as the user's umask says (0644 with the usual 022), whatever a library wrote them with.
 """
 
 import csv
-import ctypes
 import glob
 import hashlib
 import io
@@ -39,6 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from normlab.common.atomic import fsync_directory, readable_as_umask, rename_new, replace_file
 from normlab.common.errors import NormlabError
 
 CORPUS_MARKER = "meta.json"  # with a token file: a prepared corpus (normlab-prepare)
@@ -209,41 +209,6 @@ def check_file(out: Path, command: str, recognise: Callable[[str], bool], *,
 # -- writing: atomic, and never over anything the command does not own
 
 
-def fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the renames in it reach the disk
-    finally:
-        os.close(fd)
-
-
-def readable_as_umask(path: Path) -> None:
-    """Give `path` (and what a folder holds) the permissions a new file or folder gets under this process's umask:
-    libraries write some files 0600 (safetensors, mkstemp), unreadable by a lab's group on a shared cluster."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
-        if not item.is_symlink():
-            item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """`path` holds either its old content or `data`, whatever happens: a temporary file beside it, fsync, rename.
-    An OSError leaves no temporary file behind (a kill may: `.<name>.tmp`, which the next write replaces). For the
-    files a writer owns whatever they hold: a run directory's, those of a staging folder."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_directory(path.parent)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_file(path: Path, data: str | bytes) -> None:
     """A file of a staging folder written whole or not at all (replace_file); a failure is one line (OutputError)."""
     try:
@@ -251,37 +216,6 @@ def write_file(path: Path, data: str | bytes) -> None:
         replace_file(path, data.encode() if isinstance(data, str) else data)
     except OSError as e:
         raise OutputError(f"cannot write {path} ({e.strerror}): give a writable out=") from None
-
-
-RENAME_NOREPLACE = 1
-libc = ctypes.CDLL(None, use_errno=True)
-renameat2 = getattr(libc, "renameat2", None)  # glibc 2.28 and later
-
-
-def rename_new(source: Path, target: Path) -> None:
-    """Rename `source` to `target` if nothing is at `target`, in one act: FileExistsError if something is. Where the
-    kernel or file system lacks RENAME_NOREPLACE: a hard link for a file; for a folder rename(2), which fails on a
-    file or a folder holding anything (an empty folder that appeared in that instant is replaced)."""
-    if renameat2 is not None:
-        if renameat2(-100, os.fsencode(source), -100, os.fsencode(target), RENAME_NOREPLACE) == 0:  # -100: AT_FDCWD
-            return
-        error = ctypes.get_errno()
-        if error == 17:  # EEXIST
-            raise FileExistsError(error, os.strerror(error), str(target))
-        if error not in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: no RENAME_NOREPLACE here
-            raise OSError(error, os.strerror(error), str(source))
-    if source.is_dir() and not source.is_symlink():
-        if target.exists() or target.is_symlink():
-            raise FileExistsError(17, os.strerror(17), str(target))
-        try:
-            source.rename(target)
-        except OSError as e:
-            if e.errno in (17, 20, 21, 39):  # EEXIST, ENOTDIR, EISDIR, ENOTEMPTY: something appeared there
-                raise FileExistsError(17, os.strerror(17), str(target)) from None
-            raise
-    else:
-        os.link(source, target)  # FileExistsError if anything is there
-        source.unlink()
 
 
 def aside_path(out: Path, kind: str) -> Path:

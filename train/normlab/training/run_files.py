@@ -7,8 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from normlab.common.atomic import replace_file
 from normlab.common.errors import NormlabError
-from normlab.common.outputs import replace_file
 
 
 class RunDirError(NormlabError):
@@ -29,7 +29,7 @@ def fsync_file(path: Path) -> None:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """`path` holds either its old content or `data`, whatever happens (outputs.replace_file)."""
+    """`path` holds either its old content or `data`, whatever happens (common/atomic.py)."""
     try:
         replace_file(path, data)
     except OSError as e:
