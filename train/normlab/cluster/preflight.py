@@ -3,9 +3,9 @@ few optimizer steps on one GPU through the real pipeline (build_module and build
 bf16-mixed, compiled blocks, fused AdamW, clipping) at the preset's micro-batch, its global batch cut to the share of
 one GPU (the same micro-batches per GPU and step as in the real run), on random tokens. One line per preset: PASS
 when it ran, its losses and weights stayed finite, its peak memory (torch.cuda.max_memory_allocated over the
-measured steps) is within what the plan (cluster/plan.py) predicts for that setting, and its MFU (from the measured
-step time) clears MFU_FLOOR. On a CPU the same code trains the tiny model, uncompiled, for a couple of steps; memory
-and MFU are then not measured."""
+measured steps) is within what the plan (cluster/plan.py) predicts for that setting (MEMORY_SLACK above it), and its
+MFU (from the measured step time) clears the preset's MFU_FLOOR. On a CPU the same code trains the tiny model,
+uncompiled, for a couple of steps; memory and MFU are then not measured."""
 
 import gc
 import tempfile
@@ -25,9 +25,13 @@ from normlab.training.pipeline import build_module, build_trainer, gradient_accu
 from normlab.training.runtime import peak_flops
 
 PRESETS = ("paper_70m", "paper_160m", "paper_410m", "paper_1b")
-# Far below what the presets reach on an A100 or H100 (normlab-bench step: 45% for 410m), so that a failure means
-# something is wrong (a slow attention fallback, compilation off, a throttled or shared GPU), not a small model.
-MFU_FLOOR = 0.2
+# Half of what each preset reached in this preflight on one H100 (2026-11-26, torch 2.11: 10.1%, 17.6%, 29.2%, 34.8%;
+# the small models' matrices keep an H100 far from its peak), so that a failure means something is wrong (a slow
+# attention fallback, compilation off, a throttled or shared GPU), not a small model.
+MFU_FLOOR = {"paper_70m": 0.05, "paper_160m": 0.08, "paper_410m": 0.14, "paper_1b": 0.17}
+# The plan's memory is an estimate: on that H100 each preset's peak came to 1.00 x the plan, a hair above it (what
+# the CUDA libraries allocate beside the tensors the plan counts)
+MEMORY_SLACK = 0.02
 # Optimizer steps: warm-up (compilation, AdamW's state, the allocator's pools), then measured.
 GPU_STEPS = (3, 5)
 CPU_STEPS = (1, 2)
@@ -103,15 +107,17 @@ def check(preset: str, device: torch.device) -> tuple[str, str]:
     results, passed = [], finite
     if on_gpu:
         allocated, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
-        passed &= allocated <= planned
-        results.append(f"peak memory {plan.size(allocated)} {'<=' if allocated <= planned else '>'} planned "
-                       f"{plan.size(planned)} ({allocated / planned:.2f}), reserved {plan.size(reserved)}")
+        fits = allocated <= planned * (1 + MEMORY_SLACK)
+        passed &= fits
+        results.append(f"peak memory {plan.size(allocated)} = {allocated / planned:.3f} x planned {plan.size(planned)} "
+                       f"({'<=' if fits else '>'} {1 + MEMORY_SLACK:.2f}), reserved {plan.size(reserved)}")
     else:
         results.append(f"memory not measured (planned {plan.size(planned)})")
     if peak := peak_flops(device):
         mfu = run.batch * run.accumulate * shape.block_size * shape.flops_per_token / seconds / peak
-        passed &= mfu >= MFU_FLOOR
-        results.append(f"MFU {mfu:.1%} {'>=' if mfu >= MFU_FLOOR else '<'} {MFU_FLOOR:.0%}")
+        floor = MFU_FLOOR[preset]
+        passed &= mfu >= floor
+        results.append(f"MFU {mfu:.1%} {'>=' if mfu >= floor else '<'} {floor:.0%}")
     else:
         results.append("MFU not measured (no GPU peak known)")
     results.append(f"loss {loss[-1].item():.2f}, {'finite' if finite else 'NOT FINITE'}; "
