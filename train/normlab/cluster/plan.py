@@ -271,14 +271,14 @@ def step_seconds(shape: ModelShape, tokens_per_gpu: int, peak_flops: float, mfu:
 
 
 def setting(cfg: DictConfig) -> Setting:
+    from normlab.training.checks import check_precision
     from normlab.training.pipeline import gradient_accumulation
 
     devices, nodes = cfg.trainer.devices, cfg.trainer.num_nodes
     if not isinstance(devices, int) or not isinstance(nodes, int) or devices < 1 or nodes < 1:
         raise ConfigError(f"trainer.devices={devices}, trainer.num_nodes={nodes}: the plan needs whole numbers")
-    precision = str(cfg.trainer.precision)
-    if precision not in ("32-true", "32", "bf16-mixed", "16-mixed"):
-        raise ConfigError(f"trainer.precision={precision}: the plan covers 32-true, bf16-mixed and 16-mixed")
+    check_precision(cfg.trainer)  # what normlab-train takes, the plan covers
+    precision = cfg.trainer.precision
     strategy = cfg.trainer.strategy
     name = str(strategy.get("_target_", "") if isinstance(strategy, DictConfig) else strategy).lower()
     world = devices * nodes
