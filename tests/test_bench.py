@@ -23,9 +23,9 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     )
     assert all(re.match(r"RMSNorm / LayerNorm \d+\.\d\d \(target <= 1\)", rows[k]) for k in norm_rows)
     assert all(re.search(r"; DyT / LayerNorm \d+\.\d\d$", rows[k]) for k in norm_rows)
-    assert re.match(r"\d\.\d{3} \(target <= 1\)", rows["training step RMS / LN (70m (2 layers), 4x256 tokens, cpu)"])
+    assert re.match(r"\d\.\d{3} \(target <= 1\)", rows["training step RMS / LN (70m (2 layers), 4x64 tokens, cpu)"])
     assert re.match(r"\d+\.\d{3}; LN [\d,]+ tokens/s, DyT [\d,]+ tokens/s$",
-                    rows["training step DyT / LN (70m (2 layers), 4x256 tokens, cpu)"])
+                    rows["training step DyT / LN (70m (2 layers), 4x64 tokens, cpu)"])
     framework = next(v for k, v in rows.items() if k.startswith("normlab-train / plain PyTorch loop"))
     assert framework.endswith("(target >= 0.97); identical batches and weights after 6 steps")
     assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 2

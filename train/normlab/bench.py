@@ -111,10 +111,10 @@ def compose(overrides: list[str]):
         return hydra_compose("train", overrides)
 
 
-def bench_step(device, repeats: int) -> list[tuple[str, str]]:
+def bench_step(device, repeats: int, seq_len: int = 256) -> list[tuple[str, str]]:
     """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with LN, with RMS and with
     DyT, on the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its MFU; on CPU a
-    2-layer model of the 70m width."""
+    2-layer model of the 70m width at a context of `seq_len`."""
     import torch
 
     from normlab.training.pipeline import build_module
@@ -123,7 +123,7 @@ def bench_step(device, repeats: int) -> list[tuple[str, str]]:
     if device.type == "cuda":
         shape, batch = ["model=410m", "runtime.compile=true"], 8
     else:
-        shape, batch = ["model=70m", "model.n_layer=2", "model.block_size=256"], 4
+        shape, batch = ["model=70m", "model.n_layer=2", f"model.block_size={seq_len}"], 4
     steps, modules = {}, {}
     for norm in ARMS:
         cfg = compose([*shape, f"norm={norm}"])
@@ -419,7 +419,7 @@ def main() -> None:
         if "norms" in sections:
             rows += bench_norms(device, cfg.rows, 10 * cfg.repeats)
         if "step" in sections:
-            rows += bench_step(device, 4 * cfg.repeats)
+            rows += bench_step(device, 4 * cfg.repeats, cfg.seq_len)
         if "prepare" in sections:
             rows += bench_prepare(cfg.scale)
         if "angles" in sections:
