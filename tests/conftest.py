@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from hydra import compose, initialize_config_dir
 
 import preloaded
+from normlab.common.compose import compose
+from normlab.common.moved import MOVED_TARGETS
 from normlab.common.paths import CONF_DIR, DATA_DIR
 
 # Two test workers share the machine's cores, and each process they start runs torch with a thread per core: libgomp's
@@ -33,13 +34,44 @@ FAST_TRAIN = [
     "data.val_tokens=1024",
     "trainer.max_steps=6",
     "trainer.val_check_interval=2",
-    "callbacks.scheduled_checkpoints.every=2",
-    "callbacks.scheduled_checkpoints.dense_until=4",
-    "callbacks.scheduled_checkpoints.sparse_every=6",
+    "checkpoints.every=2",
+    "checkpoints.dense_until=4",
+    "checkpoints.sparse_every=6",
     "logger=csv",
     "probe.tokens=8192",  # 64 windows of the held-out 88K tokens: the probe at every checkpoint costs 10x less
     "probe.null_directions=8",  # the null's percentile exercised, without the cost of the default's 200 directions
 ]
+
+
+# A run's config as normlab wrote it before classes and keys moved (common/moved.py read backwards), for the tests that
+# old run directories and checkpoints still resume, load and group with new ones
+
+
+def written_before(config: dict) -> dict:
+    """The saved `config` (nested dicts and lists) with each moved class named by its place before normlab had
+    subpackages, the peak learning rate also as model.lr (of which optimizer.lr was a copy), and the checkpoint
+    schedule as the callback callbacks.scheduled_checkpoints (with copies of run_dir and trainer settings)."""
+    old = named_before_the_move({k: v for k, v in config.items() if k != "checkpoints"})
+    old["model"] = {**old["model"], "lr": old["optimizer"]["lr"]}
+    callback = {"_target_": "normlab.run_dir.RunDirectory", "path": old["run_dir"], **config["checkpoints"],
+                "max_steps": old["trainer"]["max_steps"], "val_check_interval": old["trainer"]["val_check_interval"]}
+    old["callbacks"] = {"scheduled_checkpoints": callback, **old["callbacks"]}
+    return old
+
+
+def named_before_the_move(config):
+    if isinstance(config, dict):
+        return {k: earlier_target(v) if k == "_target_" else named_before_the_move(v) for k, v in config.items()}
+    if isinstance(config, list):
+        return [named_before_the_move(v) for v in config]
+    return config
+
+
+def earlier_target(target):
+    for old, new in MOVED_TARGETS.items():
+        if isinstance(target, str) and target.startswith(new):
+            return old + target.removeprefix(new)
+    return target
 
 
 # `make test` runs the suite on 2 pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's
@@ -50,8 +82,8 @@ FAST_TRAIN = [
 # worker (a worker is given its next file while its current file's last two tests run). The others follow.
 LONGEST_FIRST = ["test_slurm.py", "test_faults.py", "test_distributed.py", "test_train.py", "test_errors.py",
                  "test_package.py", "test_analysis_errors.py", "test_convert.py", "test_plan.py", "test_evaluate.py",
-                 "test_report.py", "test_export.py", "test_bench.py", "test_cli.py", "test_prepare.py",
-                 "test_outputs.py", "test_scale.py", "test_run_dir.py"]
+                 "test_report.py", "test_export.py", "test_norms_of_your_own.py", "test_bench.py", "test_cli.py",
+                 "test_prepare.py", "test_outputs.py", "test_scale.py", "test_run_dir.py"]
 
 
 def pytest_collection_modifyitems(items):
@@ -62,9 +94,20 @@ def pytest_collection_modifyitems(items):
     items.sort(key=rank)  # stable: the order within each file and among the other files is kept
 
 
+# Every norm of conf/norm/*.yaml: the one list of norms that the tests take (a norm added there is tested everywhere)
+NORM_CONFIGS = sorted(p.stem for p in (CONF_DIR / "norm").glob("*.yaml"))
+
+
+def norm_layer(name: str, dim: int = 8):
+    """The layer of the norm config `name`, as a model builds it (its norm.layer), at width `dim`."""
+    from hydra.utils import instantiate
+
+    return instantiate(compose_config("train", [f"norm={name}"]).norm.layer)(dim)
+
+
 def compose_config(config_name: str = "train", overrides: list[str] = (), with_hydra: bool = False):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
+    """The config as the command line composes it (the resolvers registered, old keys read as they are now)."""
+    return compose(config_name, overrides, with_hydra)
 
 
 # A command that a test starts spends its first 5 CPU seconds importing torch, torch._dynamo and torchmetrics (the
@@ -81,7 +124,7 @@ READ_AT_IMPORT = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "GOMP_", "CUDA", "
                   "TOKENIZERS", "MALLOC_", "LD_", "PYTHON")
 # ...but for HF_DATASETS_* (HF_DATASETS_OFFLINE: the data tests), which only `datasets` reads: the preloaded
 # libraries import transformers and huggingface_hub, not datasets (preloaded.run_command checks it)
-NOT_READ_AT_IMPORT = ("HF_DATASETS_",)
+NOT_READ_AT_IMPORT = ("HF_DATASETS_", "PYTHONPATH")  # PYTHONPATH: preloaded.run_command puts it on sys.path
 COMMANDS = multiprocessing.get_context("forkserver")
 COMMANDS.set_forkserver_preload(PRELOADED)
 server_env: dict[str, str] = {}  # the environment the server started with

@@ -15,6 +15,8 @@ def run_command(tool: str, argv0: str, args: list[str], env: dict, cwd: str, std
         raise RuntimeError("the preloading server imported datasets: conftest.NOT_READ_AT_IMPORT must go")
     os.environ.clear()
     os.environ.update(env)
+    # where an interpreter started with it puts PYTHONPATH: after the script's folder (a user's own norm module)
+    sys.path[1:1] = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
     os.chdir(cwd)
     for fd, path in ((1, stdout), (2, stderr)):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

@@ -12,22 +12,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import compose_config, run_cli
+from conftest import NORM_CONFIGS, compose_config, run_cli
 from normlab.data.corpus import draw_windows
 from normlab.model.gpt import GPT, GPTConfig
-from normlab.model.norms import DyT, LayerNorm, RMSNorm
+from normlab.model.norms import DyT, LayerNorm, RMSNorm, traits
 from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.table import AnalysisError
 from normlab.study.ablate import (
     CSV_COLUMNS,
     EARLIER_COLUMNS,
     ablate,
+    ablation,
     ablation_rows,
     bootstrap_interval,
     main,
-    norm_kind,
     plan,
 )
 from normlab.training.checkpoint_files import write_checkpoint
@@ -35,8 +36,9 @@ from normlab.training.pipeline import build_model
 from test_angles import orthogonal_to_1
 
 VOCAB = 200
-NORMS = {"layernorm": LayerNorm, "layernorm_nobias": partial(LayerNorm, bias=False), "rmsnorm": RMSNorm,
-         "rmsnorm_bias": partial(RMSNorm, bias=True), "dyt": DyT}
+def norm_factory(name: str):
+    """The layers of the norm config `name` as a model builds them (conf/norm/<name>.yaml's norm.layer)."""
+    return instantiate(compose_config("train", [f"norm={name}"]).norm.layer)
 
 
 def tiny(norm, seed=0) -> GPT:
@@ -69,14 +71,15 @@ def by_site(rows) -> dict:
     return {r["site"]: r for r in rows}
 
 
-@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("norm", NORM_CONFIGS)
 def test_norm_inputs_orthogonal_to_1_give_delta_0_and_a_planted_component_a_large_one(norm):
-    model = orthogonal_to_1(tiny(NORMS[norm]))
+    model = orthogonal_to_1(tiny(norm_factory(norm)))
+    centres = traits(model.ln_f).centres
     windows = greedy_windows(model)
     rows = by_site(ablation_rows(model, "normlab", windows, batch_size=8, resamples=200))
     assert list(rows) == [f"layer{i:02d}.{r}" for i in range(2) for r in ("attn_norm", "mlp_norm")] + [
         "layer02.final_norm", "all"]
-    assert {r["ablation"] for r in rows.values()} == {"uncentred" if norm.startswith("layernorm") else "centred"}
+    assert {r["ablation"] for r in rows.values()} == {"uncentred" if centres else "centred"}
     for site, r in rows.items():
         assert abs(r["delta"]) < 1e-5 and abs(r["ci_low"]) < 1e-5 and abs(r["ci_high"]) < 1e-5, site
         assert r["share_along_1"] < 1e-12 and r["d"] == 32, site
@@ -86,7 +89,7 @@ def test_norm_inputs_orthogonal_to_1_give_delta_0_and_a_planted_component_a_larg
     rows = by_site(ablation_rows(model, "normlab", windows, batch_size=8, resamples=200))
     # Uncentred, LayerNorm's first norm feeds attention a vector along 1, the same for every token; the RMSNorm
     # model's attention and MLP do little in a random model, but its output is along 1 until its final norm.
-    for site in ("layer00.attn_norm" if norm.startswith("layernorm") else "layer02.final_norm", "all"):
+    for site in ("layer00.attn_norm" if centres else "layer02.final_norm", "all"):
         r = rows[site]
         assert r["share_along_1"] > 0.99, site
         assert r["delta"] > 0.05 and r["ci_low"] > 0 and r["ablated_loss"] == pytest.approx(r["loss"] + r["delta"]), r
@@ -100,9 +103,9 @@ def test_dyt_ablated_is_dyt_of_the_centred_input():
         dyt.bias.copy_(torch.linspace(-1.0, 1.0, 8))
     x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0)) + 2.0
     site = NormSite(0, "attn_norm", dyt)
-    assert norm_kind(site) == "dyt"
+    assert ablation(site) == "centred"
     with ExitStack() as stack:
-        ablate(stack, site, "dyt")
+        ablate(stack, site, "centred")
         ablated = dyt(x)
     centred = x - x.mean(-1, keepdim=True)
     assert torch.allclose(ablated, torch.tanh(0.7 * centred) * dyt.weight + dyt.bias, atol=1e-6)
@@ -184,10 +187,23 @@ def test_block_bootstrap_on_independent_windows_is_the_window_bootstrap():
         assert ((low < 0) & (0 < high)).double().mean().item() > 0.9
 
 
-def test_a_norm_of_unknown_class_is_refused_in_one_line():
-    site = NormSite(3, "mlp_norm", torch.nn.GroupNorm(1, 8))
-    with pytest.raises(AnalysisError, match=r"^cannot ablate layer03.mlp_norm: GroupNorm is neither a LayerNorm"):
-        norm_kind(site)
+def test_an_unknown_norm_gets_its_input_centred_and_one_that_cannot_skip_its_centring_is_refused():
+    """The ablation asks the norm what it is (norms.traits): a plain module is centred at its input, whatever its
+    class; one that says it centres must give its output without the centring, or is refused in one line."""
+    group = NormSite(3, "mlp_norm", torch.nn.GroupNorm(1, 8))
+    assert ablation(group) == "centred"
+
+    class Centring(torch.nn.Module):
+        centres = True
+
+        def forward(self, x):
+            return x - x.mean(-1, keepdim=True)
+
+    with pytest.raises(AnalysisError, match=r"^cannot ablate layer03.mlp_norm: Centring says it centres its input "
+                                            "but has no without_centring"):
+        ablation(NormSite(3, "mlp_norm", Centring()))
+    Centring.without_centring = lambda self, x: x
+    assert ablation(NormSite(3, "mlp_norm", Centring())) == "uncentred"
 
 
 # -- Hugging Face models, built from their configs (no downloads)
@@ -249,7 +265,7 @@ def test_a_hugging_face_directory_measured_by_main(prepared, tmp_path, capsys):
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["run"], r["model"], r["norm"], r["seed"], r["step"], r["ablation"], r["source"]) for r in rows} == {
-        ("tiny-gpt2", "gpt2", "layernorm", "", "0", "uncentred", str((tmp_path / "tiny-gpt2").resolve()))}
+        ("tiny-gpt2", "gpt2", "LayerNorm", "", "0", "uncentred", str((tmp_path / "tiny-gpt2").resolve()))}
     assert all(abs(float(r["delta"])) < 1e-5 for r in rows)  # its residual writes are orthogonal to 1
 
 

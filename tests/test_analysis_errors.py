@@ -82,6 +82,10 @@ def break_the_yaml(path: Path) -> None:
     path.write_text(path.read_text().replace("model:\n", "model: [\n", 1))
 
 
+def name_a_class_off_the_path(path: Path) -> None:
+    path.write_text(path.read_text().replace("normlab.model.norms.LayerNorm", "my_norms.ScaleNorm", 1))
+
+
 ANGLES, REPORT = "normlab-angles", "normlab-report"
 # id: (tool, arguments, (what damages the copy, the path it damages) or None, expected fragments); {tmp}: the copy
 CASES = {
@@ -156,6 +160,13 @@ CASES = {
     "config.yaml not a run config": (REPORT, ["runs={tmp}/run"], (write("- a list\n"), "run/config.yaml"),
                                      ["config.yaml is not a normlab run config (no model.name, norm.name, seed)"]),
     "report of a missing path": (REPORT, ["runs=[{tmp}/run,{tmp}/nothing]"], None, ["{tmp}/nothing does not exist"]),
+    "norm class not on the path": (REPORT, ["runs={tmp}/run"], (name_a_class_off_the_path, "run/config.yaml"),
+                                   ["{tmp}/run/config.yaml: its norm class my_norms.ScaleNorm cannot be imported",
+                                    "put the folder that holds its module on PYTHONPATH"]),
+    "reference no run has": (REPORT, ["runs={tmp}/run", "reference=rmsnorm"], None,
+                             ["reference=rmsnorm: no run has that norm (the runs' norms: layernorm)"]),
+    "pairs of a norm no run has": (REPORT, ["runs={tmp}/run", "pairs=[[layernorm,scalenorm]]"], None,
+                                   ["pairs names scalenorm, which no run has"]),
     "report without runs": (REPORT, [], None, ["no runs given: runs=DIR or runs=[DIR,...]"]),
     "runs without brackets": (REPORT, ["runs={tmp}/run,{tmp}/hf"], None,
                               ["Ambiguous value for argument 'runs=", "To use it as a list, use key=[value1,value2]"]),

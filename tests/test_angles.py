@@ -335,6 +335,14 @@ def tiny_hf(model_type):
         "normlab_dyt_gpt2": NormlabDyTGPT2Config(vocab_size=50257, n_layer=2, n_head=4, n_embd=32, n_positions=64),
     }
     torch.manual_seed(0)
+    if model_type == "normlab_gpt2":  # normlab-export's GPT-2 of any other norm: its classes are written per norm
+        from normlab.interop.export import hf_model
+        from normlab.model.gpt import GPT, GPTConfig
+        from normlab.model.norms import DyT
+
+        model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=64), DyT)
+        model.init_weights(0)
+        return hf_model(model, {"run": "tiny"}).eval()
     return transformers.AutoModelForCausalLM.from_config(configs[model_type]).eval()
 
 
@@ -343,7 +351,8 @@ def test_hooks_land_on_the_norm_modules_of_every_architecture(model_type):
     model = tiny_hf(model_type)
     sites = norm_sites(model, model_type)
     norm_classes = {type(s.module).__name__ for s in sites}
-    other_norms = {"llama": "LlamaRMSNorm", "normlab_rms_gpt2": "RMSNorm", "normlab_dyt_gpt2": "DyT"}
+    other_norms = {"llama": "LlamaRMSNorm", "normlab_rms_gpt2": "RMSNorm", "normlab_dyt_gpt2": "DyT",
+                   "normlab_gpt2": "DyT"}
     assert norm_classes == {other_norms.get(model_type, "LayerNorm")}
     roles = [(s.layer, s.role) for s in sites]
     per_block = ["attn_norm"] if model_type == "gptj" else ["attn_norm", "mlp_norm"]

@@ -21,11 +21,13 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert len(norm_rows) == 8 and all(
         "d=512" in k or "d=768" in k or "d=1024" in k or "d=2048" in k for k in norm_rows
     )
-    assert all(re.match(r"RMSNorm / LayerNorm \d+\.\d\d \(target <= 1\)", rows[k]) for k in norm_rows)
-    assert all(re.search(r"; DyT / LayerNorm \d+\.\d\d$", rows[k]) for k in norm_rows)
-    assert re.match(r"\d\.\d{3} \(target <= 1\)", rows["training step RMS / LN (70m (2 layers), 4x64 tokens, cpu)"])
-    assert re.match(r"\d+\.\d{3}; LN [\d,]+ tokens/s, DyT [\d,]+ tokens/s$",
-                    rows["training step DyT / LN (70m (2 layers), 4x64 tokens, cpu)"])
+    assert all(re.match(r"rmsnorm / layernorm \d+\.\d\d \(target <= 1\); dyt / layernorm \d+\.\d\d; against torch's "
+                        r"layer_norm: layernorm \d+\.\d\d, rmsnorm \d+\.\d\d, dyt \d+\.\d\d; torch's rms_norm / "
+                        r"layer_norm \d+\.\d\d$", rows[k]) for k in norm_rows)
+    assert re.match(r"\d\.\d{3} \(target <= 1\)",
+                    rows["training step rmsnorm / layernorm (70m (2 layers), 4x64 tokens, cpu)"])
+    assert re.match(r"\d+\.\d{3}; layernorm [\d,]+ tokens/s, dyt [\d,]+ tokens/s$",
+                    rows["training step dyt / layernorm (70m (2 layers), 4x64 tokens, cpu)"])
     framework = next(v for k, v in rows.items() if k.startswith("normlab-train / plain PyTorch loop"))
     assert framework.endswith("(target >= 0.97); identical batches and weights after 6 steps")
     assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 2
@@ -39,6 +41,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
                                 "angles, preflight, e.g. sections=[norms,step]"),
     (["sections=[]"], "no section in sections: choose from framework"),
     (["repeats=0"], "repeats=0: give a positive whole number"),
+    (["norms=[layernorm,batchnorm]"], "norms=['layernorm', 'batchnorm']: "),
     (["model=7m"], "unknown model '7m': choose one of 160m, 1b, 410m, 70m, tiny (conf/model/)"),
     (["--rows", "256"], "unrecognized arguments: --rows"),
 ])

@@ -1,17 +1,22 @@
-"""A controlled comparison of the norm arms (LayerNorm, RMSNorm, DyT): same seed => identical non-norm initial weights,
-identical batches and dropout masks; the norms' own parameters (DyT's alpha included) are not weight-decayed."""
+"""A controlled comparison of the norm arms (every norm of conf/norm/: LayerNorm and RMSNorm with and without bias,
+DyT): same seed => identical non-norm initial weights, identical batches and dropout masks; the norms' own parameters
+(DyT's alpha included) are not weight-decayed."""
 
 import itertools
 
 import torch
 
-from conftest import compose_config
+from conftest import NORM_CONFIGS, compose_config, norm_layer
 from normlab.data.datamodule import ShuffledWindows
-from normlab.model.norms import Norm
+from normlab.model.norms import traits
 from normlab.training.pipeline import build_module
 
-ARMS = ("layernorm", "rmsnorm", "dyt")
+ARMS = NORM_CONFIGS
 NORM_SITES = [f"blocks.{i}.ln_{j}" for i in range(4) for j in (1, 2)] + ["ln_f"]  # of the tiny model
+
+
+def of_a_norm(name: str) -> bool:
+    return name.startswith(tuple(f"{site}." for site in NORM_SITES))
 
 
 def modules(seed=0, model="tiny"):
@@ -19,35 +24,37 @@ def modules(seed=0, model="tiny"):
             for norm in ARMS}
 
 
-def test_same_seed_gives_identical_initial_weights_for_every_shared_parameter():
-    models = modules()
-    ln, rms, dyt = (dict(m.named_parameters()) for m in models.values())
-    shared = ln.keys() & rms.keys()
-    assert ln.keys() - shared == {f"{site}.bias" for site in NORM_SITES}
-    assert rms.keys() <= ln.keys()
-    assert dyt.keys() - ln.keys() == {f"{site}.alpha" for site in NORM_SITES} and ln.keys() <= dyt.keys()
-    for name in ln:  # DyT's gains and biases start as LayerNorm's: 1 and 0
-        assert torch.equal(ln[name], dyt[name]) and (name not in shared or torch.equal(ln[name], rms[name])), name
-    assert all(dyt[f"{site}.alpha"].tolist() == [0.5] for site in NORM_SITES)
-    norm_weights = [n for n in shared if ".ln_" in n or n.startswith("ln_f")]
-    assert len(norm_weights) == 2 * 4 + 1
-    assert len(shared) - len(norm_weights) == len(list(models["rmsnorm"].parameters())) - len(norm_weights)
+def test_same_seed_gives_identical_initial_weights_for_every_non_norm_parameter():
+    """Every arm has the same parameters outside its norms, equal to the last bit; the norms' own start as their
+    class sets them, drawing nothing: gains 1, biases 0 (DyT's alpha its alpha_init)."""
+    parameters = {norm: dict(model.named_parameters()) for norm, model in modules().items()}
+    first = parameters[ARMS[0]]
+    non_norm = {name for name in first if not of_a_norm(name)}
+    assert len(non_norm) > 4 * 8 and all(any(of_a_norm(n) for n in p) for p in parameters.values())
+    for norm, p in parameters.items():
+        assert {name for name in p if not of_a_norm(name)} == non_norm, norm
+        for name in non_norm:
+            assert torch.equal(p[name], first[name]), (norm, name)
+        for name, value in p.items():
+            if of_a_norm(name) and name.endswith((".weight", ".bias")):
+                assert torch.equal(value, torch.full_like(value, name.endswith(".weight"))), (norm, name)
 
 
 def test_same_seed_gives_identical_weights_at_paper_width():
-    models = modules(model="70m")
-    ln, rms, dyt = (dict(m.named_parameters()) for m in models.values())
+    parameters = [dict(m.named_parameters()) for m in modules(model="70m").values()]
     for name in ("wte.weight", "blocks.5.attn.c_attn.weight", "blocks.3.mlp.c_proj.weight", "lm_head.weight"):
-        assert torch.equal(ln[name], rms[name]) and torch.equal(ln[name], dyt[name]), name
+        assert all(torch.equal(parameters[0][name], p[name]) for p in parameters[1:]), name
 
 
 def test_the_2x2_norm_variants_share_every_initial_weight_and_differ_in_centring_or_bias():
-    """norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias: the same seed gives the same weights, norm parameters
-    included; a variant with a bias has LayerNorm's parameter set, one without it RMSNorm's."""
-    variants = {}
-    for norm in ("layernorm", "rmsnorm", "layernorm_nobias", "rmsnorm_bias"):
-        cfg = compose_config("train", [f"norm={norm}"])
-        variants[(cfg.norm.centred, cfg.norm.bias)] = dict(build_module(cfg).model.named_parameters())
+    """The norms that say they are LayerNorm with or without its centring (norms.traits: centring_pair), with and
+    without bias: the same seed gives the same weights, norm parameters included; a variant with a bias has
+    LayerNorm's parameter set, one without it RMSNorm's."""
+    variants, names = {}, {}
+    for norm in (n for n in ARMS if traits(norm_layer(n)).centring_pair):
+        model = build_module(compose_config("train", [f"norm={norm}"])).model
+        variants[(traits(model.ln_f).centres, traits(model.ln_f).bias)] = dict(model.named_parameters())
+        names[(traits(model.ln_f).centres, traits(model.ln_f).bias)] = norm
     assert set(variants) == {(True, True), (False, False), (True, False), (False, True)}
     for bias in (True, False):
         centred, uncentred = variants[(True, bias)], variants[(False, bias)]
@@ -56,8 +63,8 @@ def test_the_2x2_norm_variants_share_every_initial_weight_and_differ_in_centring
         for name in centred:
             assert torch.equal(centred[name], uncentred[name]), name
     x = torch.randn(3, 64) + 2.0  # a component along 1: only the centred norms remove it
-    with_bias = {c: build_module(compose_config("train", [f"norm={n}"])).model.ln_f
-                 for c, n in ((True, "layernorm"), (False, "rmsnorm_bias"))}
+    with_bias = {c: build_module(compose_config("train", [f"norm={names[(c, True)]}"])).model.ln_f
+                 for c in (True, False)}
     beta = torch.randn(64)
     for norm in with_bias.values():
         norm.bias.data.copy_(beta)
@@ -91,11 +98,8 @@ def test_every_arm_decays_its_matrices_only():
         decayed, not_decayed = module.configure_optimizers()["optimizer"].param_groups
         assert decayed["weight_decay"] > 0 and not_decayed["weight_decay"] == 0.0
         assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() < 2 for p in not_decayed["params"])
-        norm_parameters = [p for m in module.model.modules() if isinstance(m, Norm) for p in m.parameters()]
-        assert {id(p) for p in norm_parameters} <= {id(p) for p in not_decayed["params"]}
-        alphas = {id(p) for name, p in module.model.named_parameters() if name.endswith(".alpha")}
-        assert len(alphas) == (len(NORM_SITES) if norm == "dyt" else 0)
-        assert alphas <= {id(p) for p in not_decayed["params"]}
+        norm_parameters = [p for name, p in module.model.named_parameters() if of_a_norm(name)]
+        assert norm_parameters and {id(p) for p in norm_parameters} <= {id(p) for p in not_decayed["params"]}
 
 
 def test_another_seed_gives_other_weights():

@@ -204,7 +204,7 @@ def test_normlab_export_and_sample_read_the_converted_run(converted_run):
     exported = run_cli("normlab-export", f"model_path={converted_run}")
     assert exported.returncode == 0, exported.stderr[-3000:]
     config = json.loads((converted_run / "hf" / "step-0000006" / "config.json").read_text())
-    assert config["model_type"] == "normlab_rms_gpt2" and config["normlab"]["norm"] == "rmsnorm_bias"
+    assert config["model_type"] == "normlab_gpt2" and config["normlab"]["norm"] == "rmsnorm_bias"
     sampled = run_cli("normlab-sample", f"model_path={converted_run}", "max_new_tokens=4", "device=cpu")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sampled.stdout.startswith("----- sample 0 (seed 0) -----\n<|endoftext|>")
@@ -297,7 +297,7 @@ def test_a_hugging_face_gpt2_converts_to_the_same_logits(tmp_path, tied):
     assert (config["run_name"], config["model"]["name"], config["norm"]["name"]) == ("gpt2-rms", "gpt2",
                                                                                      "rmsnorm_bias")
     assert config["converted_from"] == {"command": "normlab-convert", "path": str((tmp_path / "gpt2").resolve()),
-                                        "step": 0, "norm": "layernorm"}
+                                        "step": 0, "norm": "LayerNorm"}  # its norm's class: normlab did not export it
     model = load_model(checkpoint).eval()
     assert isinstance(model.ln_f, RMSNorm) and not model.config.tie_embeddings and model.config.block_size == 32
     ids = torch.randint(0, 97, (3, 32), generator=torch.Generator().manual_seed(5))

@@ -38,9 +38,9 @@ RUN = [
     "probe.tokens=4096",
     f"trainer.max_steps={STEPS}",
     "trainer.val_check_interval=2",  # validations (and last.ckpt) denser than the scheduled checkpoints
-    "callbacks.scheduled_checkpoints.every=4",
-    "callbacks.scheduled_checkpoints.dense_until=4",
-    "callbacks.scheduled_checkpoints.sparse_every=4",
+    "checkpoints.every=4",
+    "checkpoints.dense_until=4",
+    "checkpoints.sparse_every=4",
     "logger=csv",
 ]
 TWO_PROCESSES = ["trainer.accelerator=cpu", "trainer.devices=2", "global_batch_size=8"]

@@ -1,9 +1,10 @@
-"""normlab-export and interop.export.hugging_face, on a LayerNorm run (without bias), an RMSNorm run (with bias) and a
-DyT run, each trained once by the real normlab-train: the exported directories give normlab's logits with
-transformers, the angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their tokenizer
-(tiktoken's, on the whole embedded corpus), the RMSNorm and DyT ones load with trust_remote_code in a process that
-never imports normlab, and normlab-ablate centres the DyT export's norms; and random models of every norm, with and
-without bias, with a tied head."""
+"""normlab-export and interop.export.hugging_face, on a run of every norm of conf/norm/*.yaml (LayerNorm and RMSNorm
+with and without bias, DyT), all trained by one real normlab-train sweep: the exported directories give normlab's
+logits with transformers, the angle statistics of the checkpoint (real normlab-angles), GPT-2's ids with their
+tokenizer (tiktoken's, on the whole embedded corpus); those of every norm but LayerNorm (GPT-2 with the norm's own
+module as their code) load with trust_remote_code in a process where normlab cannot be imported; normlab-ablate
+ablates each export as its checkpoint, and normlab-report compares the runs; and random models of every norm, with a
+tied head."""
 
 import csv
 import json
@@ -11,42 +12,51 @@ import os
 import shutil
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
 
-from conftest import DOCS, EMBEDDED, FAST_TRAIN, compose_config, run_cli
+from conftest import DOCS, EMBEDDED, FAST_TRAIN, NORM_CONFIGS, compose_config, norm_layer, run_cli
 from normlab.data import tokenizer as gpt2
 from normlab.interop.export import ExportError, hf_model, hugging_face, main
+from normlab.model import norms
 from normlab.model.gpt import GPT, GPTConfig
-from normlab.model.norms import DyT, LayerNorm, RMSNorm
 from normlab.probe.table import read_csv
 from normlab.training.loader import load_model
 
-NORMS = ("layernorm_nobias", "rmsnorm_bias", "dyt")  # the bias-free LN gets zero biases; the RMS model keeps its bias
-# the model type and class of each norm's export
-EXPORTED_AS = {"layernorm_nobias": ("gpt2", "GPT2LMHeadModel"),
-               "rmsnorm_bias": ("normlab_rms_gpt2", "NormlabRMSGPT2LMHeadModel"),
-               "dyt": ("normlab_dyt_gpt2", "NormlabDyTGPT2LMHeadModel")}
+NORMS = NORM_CONFIGS
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs
+CLI_EXPORTED = "rmsnorm_bias"  # the run exported by the real normlab-export; the others in-process
+
+
+def exported_as(norm: str) -> tuple[str, str]:
+    """The model type and class of a norm's export: transformers' GPT-2 for its LayerNorm, normlab's for any other."""
+    if norms.is_layernorm(norm_layer(norm)):
+        return "gpt2", "GPT2LMHeadModel"
+    return "normlab_gpt2", "NormlabGPT2LMHeadModel"
+
+
+OTHER_NORMS = [n for n in NORMS if exported_as(n)[0] == "normlab_gpt2"]
 
 
 @pytest.fixture(scope="module")
 def runs(prepared, tmp_path_factory) -> Path:
     """<root>/<norm>: one tiny run per norm, trained by one real normlab-train sweep (its LM head untied, as the
-    preset's); the RMSNorm run exported by the real normlab-export (to its default out), the others in-process."""
+    preset's); one run exported by the real normlab-export (to its default out), the others in-process."""
     root = tmp_path_factory.mktemp("runs")
     result = run_cli("normlab-train", "-m", f"norm={','.join(NORMS)}", f"run_dir={root}/${{norm.name}}", *FAST_TRAIN)
     assert result.returncode == 0, result.stderr[-3000:]
-    exported = run_cli("normlab-export", f"model_path={root / 'rmsnorm_bias'}")
+    exported = run_cli("normlab-export", f"model_path={root / CLI_EXPORTED}")
     assert exported.returncode == 0, exported.stderr[-3000:]
-    assert exported.stdout.startswith(f"wrote {root / 'rmsnorm_bias/hf/step-0000006'} (NormlabRMSGPT2LMHeadModel")
-    for norm in ("layernorm_nobias", "dyt"):
-        main(compose_config("export", [f"model_path={root / norm / CHECKPOINT}"]))
+    written = root / CLI_EXPORTED / "hf" / "step-0000006"
+    assert exported.stdout.startswith(f"wrote {written} ({exported_as(CLI_EXPORTED)[1]}")
+    for norm in NORMS:
+        if norm != CLI_EXPORTED:
+            main(compose_config("export", [f"model_path={root / norm / CHECKPOINT}"]))
     return root
 
 
@@ -65,7 +75,7 @@ def probe_batch() -> torch.Tensor:
 
 
 def test_the_exported_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(runs, tmp_path):
-    exported = export_of(runs, "layernorm_nobias")
+    exported = export_of(runs, NORMS[0])
     assert {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"} <= {p.name for p in
                                                                                         exported.iterdir()}
     tokenizer, encoding = AutoTokenizer.from_pretrained(exported), gpt2.gpt2()
@@ -90,27 +100,24 @@ def test_the_exported_tokenizer_gives_tiktokens_ids_on_the_embedded_corpus(runs,
 
 @pytest.mark.parametrize("norm", NORMS)
 def test_the_export_gives_normlabs_logits(runs, norm):
-    # what normlab-angles does: from_pretrained then needs no remote code
-    import normlab.interop.hf_dyt_gpt2  # noqa: F401
-    import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401
-
     exported = export_of(runs, norm)
     config = json.loads((exported / "config.json").read_text())
-    expected_type, expected_class = EXPORTED_AS[norm]
+    expected_type, expected_class = exported_as(norm)
     assert config["model_type"] == expected_type and config["tie_word_embeddings"] is False
     assert config["normlab"] == {"run": config["normlab"]["run"], "model": "tiny", "norm": norm, "seed": 0, "step": 6,
                                  "checkpoint": "step-0000006.ckpt"}
-    model = AutoModelForCausalLM.from_pretrained(exported).eval()
+    model = AutoModelForCausalLM.from_pretrained(exported, trust_remote_code=expected_type == "normlab_gpt2").eval()
     assert type(model).__name__ == expected_class
     assert model.lm_head.weight.data_ptr() != model.transformer.wte.weight.data_ptr()  # untied, as trained
     trained = load_model(runs / norm / CHECKPOINT).eval()
-    if norm == "layernorm_nobias":
-        assert all(not m.bias.any() for name, m in model.named_modules() if name.endswith(("ln_1", "ln_2", "ln_f")))
-    else:
-        assert config["norm_bias"] is True and model.transformer.ln_f.bias.abs().sum() > 0  # trained: not zeros
-    if norm == "dyt":  # alpha_init is the config's; the trained alphas are the weights'
-        assert config["alpha_init"] == 0.5 and type(model.transformer.ln_f).__name__ == "DyT"
-        assert torch.equal(model.transformer.h[1].ln_2.alpha, trained.blocks[1].ln_2.alpha)
+    if expected_type == "gpt2":  # a LayerNorm without bias: GPT-2's, with zero biases
+        assert trained.ln_f.bias is not None or not model.transformer.ln_f.bias.any()
+    else:  # the norm's class, its arguments as trained, every parameter of it the checkpoint's
+        layer = compose_config("train", [f"norm={norm}"]).norm.layer
+        assert config["norm_class"] == type(trained.ln_f).__name__ == type(model.transformer.ln_f).__name__
+        assert config["norm_args"] == {k: v for k, v in layer.items() if not k.startswith("_")}
+        for name, value in trained.blocks[1].ln_2.state_dict().items():
+            assert torch.equal(model.transformer.h[1].ln_2.state_dict()[name], value), name
     batch = probe_batch()
     with torch.no_grad():
         logits, expected = model(batch).logits, trained(batch)
@@ -134,11 +141,11 @@ def test_hugging_face_gives_normlabs_logits_in_memory(runs, norm):
 
 def test_a_checkpoint_written_before_the_subpackages_loads_with_the_same_logits(runs, tmp_path):
     """A checkpoint saved before normlab had subpackages names its norm normlab.norms.RMSNorm: the loader still
-    finds, verifies and builds it (common.paths.current_targets), into the same model."""
+    finds, verifies and builds it (common.moved.current_config), into the same model."""
     from normlab.training.checkpoint_files import write_checkpoint
     from normlab.training.loader import chosen, read_checkpoint, saved_config
 
-    trained = runs / "rmsnorm_bias" / CHECKPOINT
+    trained = runs / CLI_EXPORTED / CHECKPOINT
     checkpoint = torch.load(trained, map_location="cpu", weights_only=False)
     layer = checkpoint["hyper_parameters"]["config"]["norm"]["layer"]
     assert layer["_target_"] == "normlab.model.norms.RMSNorm"
@@ -174,18 +181,17 @@ def test_normlab_angles_gives_the_same_rows_for_the_export_and_the_checkpoint(ru
                 row["run"], row["norm"], str(row["seed"]), row["step"]), key
 
 
-@pytest.mark.parametrize("norm, code, norm_class", [("rmsnorm_bias", "hf_rmsnorm_gpt2", "RMSNorm"),
-                                                    ("dyt", "hf_dyt_gpt2", "DyT")])
-def test_the_export_of_another_norm_loads_with_trust_remote_code_without_normlab(runs, tmp_path, norm, code,
-                                                                                 norm_class):
+@pytest.mark.parametrize("norm", OTHER_NORMS)
+def test_the_export_of_another_norm_loads_with_trust_remote_code_without_normlab(runs, tmp_path, norm):
+    code, norm_class = "modeling_normlab_gpt2", type(norm_layer(norm)).__name__
     copy = shutil.copytree(export_of(runs, norm), tmp_path / "copy")
     batch = probe_batch()
     torch.save(batch, tmp_path / "batch.pt")
-    script = (
-        "import sys, torch; from transformers import AutoModelForCausalLM\n"
+    script = (  # normlab made unimportable: as on a machine without it
+        "import sys, torch; sys.modules['normlab'] = None; from transformers import AutoModelForCausalLM\n"
         "model = AutoModelForCausalLM.from_pretrained('copy', trust_remote_code=True).eval()\n"
         "with torch.no_grad(): torch.save(model(torch.load('batch.pt')).logits, 'logits.pt')\n"
-        "print(type(model).__module__, type(model.transformer.ln_f).__name__, 'normlab' in sys.modules)\n"
+        "print(type(model).__module__, type(model.transformer.ln_f).__name__, sys.modules['normlab'] is not None)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")} | {"HF_HOME": str(tmp_path / "hf_home")}
     result = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True,
@@ -196,23 +202,38 @@ def test_the_export_of_another_norm_loads_with_trust_remote_code_without_normlab
     assert (loaded_norm_class, normlab_imported) == (norm_class, "False")
     expected = load_model(runs / norm / CHECKPOINT).eval()(batch).detach()
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-5, atol=1e-4)
-    assert (Path(copy) / f"{code}.py").read_text().count("import normlab") == 0
-    assert {p.name for p in Path(copy).glob("hf_*.py")} == {f"{code}.py"}  # its own norm's code only
+    assert {p.name for p in Path(copy).glob("*.py")} == {f"{code}.py"}  # the norm's module and GPT-2 around it
 
 
-def test_normlab_ablate_centres_the_norms_of_the_dyt_export(runs, tmp_path, capsys):
+@pytest.mark.parametrize("norm", NORMS)
+def test_normlab_ablate_ablates_each_export_as_its_checkpoint(runs, tmp_path, norm):
+    """A centring norm's export is uncentred, any other's centred at its input, with the checkpoint's deltas."""
     from normlab.study import ablate
 
-    exported = export_of(runs, "dyt")
-    ablate.main(compose_config("ablate", [f"model_path={exported}", "probe.tokens=256", "seq_len=32", "bootstrap=50",
-                                          f"paths.output_dir={tmp_path}"]))
-    assert "wrote " in capsys.readouterr().out
-    (out,) = (tmp_path / "ablation").rglob("*.csv")
-    with open(out, newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 5 + 1  # 2 blocks x 2 norms, the final norm, and all of them at once
-    assert {(r["model"], r["norm"], r["step"], r["ablation"]) for r in rows} == {
-        ("normlab_dyt_gpt2", "dyt", "6", "centred")}
+    settings = ["probe.tokens=256", "seq_len=32", "bootstrap=50"]
+    for i, path in enumerate((export_of(runs, norm), runs / norm / CHECKPOINT)):
+        ablate.main(compose_config("ablate", [f"model_path={path}", *settings, f"out={tmp_path / f'{i}.csv'}"]))
+    exported, trained = (list(csv.DictReader(open(tmp_path / f"{i}.csv", newline=""))) for i in range(2))
+    assert len(exported) == 5 + 1  # 2 blocks x 2 norms, the final norm, and all of them at once
+    kind = "uncentred" if norms.traits(norm_layer(norm)).centres else "centred"
+    assert {(r["model"], r["norm"], r["step"], r["ablation"]) for r in exported} == {
+        (exported_as(norm)[0], norm, "6", kind)}
+    for a, b in zip(exported, trained):
+        assert a["site"] == b["site"] and abs(float(a["delta"]) - float(b["delta"])) < 1e-4, (a, b)
+
+
+def test_normlab_report_compares_the_runs_of_every_norm(runs, tmp_path):
+    """The 2x2 of the norms that are LayerNorm with or without its centring, with and without bias, and every other
+    norm against layernorm, the reference: each comparison of one seed, labelled by the norms' names."""
+    from normlab.study import report
+
+    report.report([runs], tmp_path / "report")
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    pairing = [n for n in NORMS if norms.traits(norm_layer(n)).centring_pair]
+    for norm in NORMS:
+        assert f"| {norm} |" in summary, norm
+    for other in (n for n in NORMS if n not in pairing):
+        assert f"{other} − layernorm" in summary, other
 
 
 @pytest.mark.parametrize(
@@ -231,23 +252,20 @@ def test_what_cannot_be_exported_is_one_error(tmp_path, model_path, message):
     assert str(error.value).startswith(message.format(tmp=tmp_path)) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("norm", [LayerNorm, RMSNorm, DyT])
-def test_every_norm_with_a_tied_head_exports_to_the_same_logits(tmp_path, norm, bias):
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, tie_embeddings=True), partial(norm, bias=bias))
+@pytest.mark.parametrize("norm", NORMS)
+def test_every_norm_with_a_tied_head_exports_to_the_same_logits(tmp_path, norm):
+    factory = instantiate(compose_config("train", [f"norm={norm}"]).norm.layer)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, tie_embeddings=True), factory)
     model.init_weights(seed=1)
     with torch.no_grad():  # gains, biases and DyT's alphas away from 1, 0 and alpha_init, so that a wrong mapping shows
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
     hf_model(model.eval(), {"run": "random"}).save_pretrained(tmp_path)
-    import normlab.interop.hf_dyt_gpt2  # noqa: F401 (registers the DyT model type)
-    import normlab.interop.hf_rmsnorm_gpt2  # noqa: F401 (registers the RMSNorm model type)
-
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    model_type = exported_as(norm)[0]
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=model_type == "normlab_gpt2").eval()
     assert exported.config.tie_word_embeddings and exported.lm_head.weight is exported.transformer.wte.weight
-    model_types = {LayerNorm: "gpt2", RMSNorm: "normlab_rms_gpt2", DyT: "normlab_dyt_gpt2"}
-    assert exported.config.model_type == model_types[norm]
+    assert exported.config.model_type == model_type
     ids = torch.randint(0, gpt2.VOCAB_SIZE, (3, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, model(ids), rtol=1e-5, atol=1e-5)

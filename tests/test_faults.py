@@ -30,9 +30,9 @@ RUN = [
     "probe.tokens=4096",
     "trainer.max_steps=36",
     f"trainer.val_check_interval={VAL_EVERY}",
-    "callbacks.scheduled_checkpoints.every=12",
-    "callbacks.scheduled_checkpoints.dense_until=12",
-    "callbacks.scheduled_checkpoints.sparse_every=12",
+    "checkpoints.every=12",
+    "checkpoints.dense_until=12",
+    "checkpoints.sparse_every=12",
     "logger=csv",
 ]
 TIMING = ("train/tokens_per_sec", "train/tokens_per_sec_per_device")  # wall-clock measurements differ run to run

@@ -218,7 +218,7 @@ def test_preflight_runs_every_paper_preset_through_the_real_pipeline_on_cpu(tmp_
 
 
 def test_preflight_fails_a_diverging_preset(monkeypatch):
-    monkeypatch.setattr(preflight, "CPU_SIZE", [*preflight.CPU_SIZE, "model.lr=1e30"])
+    monkeypatch.setattr(preflight, "CPU_SIZE", [*preflight.CPU_SIZE, "optimizer.lr=1e30"])
     name, outcome = preflight.check("paper_70m", torch.device("cpu"))
     assert name.startswith("preflight paper_70m (tiny")
     assert outcome.startswith("FAIL: ") and ", NOT FINITE;" in outcome

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose_config
+from conftest import compose_config, written_before
 from normlab.interop.evaluate import CSV_COLUMNS
-from normlab.probe.table import REFERENCES
+from normlab.probe.table import REFERENCES, AnalysisError
 from normlab.study.report import main
-from normlab.study.report.groups import group_runs
+from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.intervals import Interval, t_quantile_975
-from normlab.study.report.runs import find_runs, norm_variant
+from normlab.study.report.runs import find_runs
 
 N_LAYER, D, COUNT = 2, 64, 10_000
 OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg",
@@ -68,15 +68,18 @@ def angle_rows(step: int, final_angle: float, final_share: float, null_random_sd
 
 def make_run(root: Path, name: str, norm: str = "layernorm", seed: int = 0, loss: float = 3.0, steps: int = 10,
              max_steps: int = 10, final_angle: float = 90.0, experiment: str = "exp", settings: dict | None = None,
-             norm_keys: dict | None = None) -> Path:
-    """A run directory as normlab-train leaves it after `steps` of `max_steps` optimizer steps: config.yaml (with
-    `norm_keys` set, or removed where None), metrics.csv (final validation loss `loss`) and angles.csv (steps 0 and
-    `steps`, in the format before the null over random directions)."""
+             norm_keys: dict | None = None, norm_config: dict | None = None) -> Path:
+    """A run directory as normlab-train leaves it after `steps` of `max_steps` optimizer steps: config.yaml (its
+    `norm` replaced by `norm_config` where given, with `norm_keys` set, or removed where None), metrics.csv (final
+    validation loss `loss`) and angles.csv (steps 0 and `steps`, in the format before the null over random
+    directions)."""
     run_dir = root / name
     run_dir.mkdir(parents=True)
     cfg = composed(norm)
     cfg.seed, cfg.run_dir, cfg.experiment_name, cfg.trainer.max_steps = seed, str(run_dir), experiment, max_steps
     OmegaConf.set_struct(cfg, False)
+    if norm_config is not None:
+        cfg.norm = norm_config
     for key, value in {**(settings or {}), **{f"norm.{k}": v for k, v in (norm_keys or {}).items()}}.items():
         if value is None:
             cfg.norm.pop(key.removeprefix("norm."))
@@ -88,6 +91,13 @@ def make_run(root: Path, name: str, norm: str = "layernorm", seed: int = 0, loss
     write_csv(run_dir / "metrics.csv", metrics, ["step", "train/loss", "train/tokens_per_sec", "val/loss"])  # step-1
     write_csv(run_dir / "angles.csv", angle_rows(0, 90.0, 1 / D) + angle_rows(steps, final_angle, 0.05), OLD_COLUMNS)
     return run_dir
+
+
+def user_norm_run(root: Path, name: str, seed: int = 0, loss: float = 3.0, norm: str = "scalenorm", **layer) -> Path:
+    """A run of a user's ScaleNorm (tests/user_norms.py) as the user's conf/norm/<norm>.yaml gives it: a name and a
+    layer, no style."""
+    layer = {"_target_": "user_norms.ScaleNorm", "_partial_": True, "eps": 1e-5, **layer}
+    return make_run(root, name, "rmsnorm", seed, loss, norm_config={"name": norm, "layer": layer})
 
 
 def write_ablation(run_dir: Path, delta: float, low: float, high: float, site_delta: float | None = None,
@@ -239,7 +249,8 @@ def test_angles_of_another_step_than_the_loss_say_so(tmp_path):
 
 
 def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
-    for experiment, settings in [("a", {}), ("b", {"trainer.max_steps": 20}), ("c", {"model.lr": 0.001}), ("d", {})]:
+    for experiment, settings in [("a", {}), ("b", {"trainer.max_steps": 20}), ("c", {"optimizer.lr": 0.001}),
+                                 ("d", {})]:
         for norm in ("layernorm", "rmsnorm"):
             max_steps = settings.get("trainer.max_steps", 10)
             make_run(tmp_path / experiment, f"tiny-{norm}-seed0", norm, steps=max_steps, max_steps=max_steps,
@@ -262,7 +273,7 @@ def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
                                                                                "d/tiny-rmsnorm-seed0"]
     assert [len(c.pairs) for c in same.comparisons] == [1]
     assert "trainer.max_steps=20" in by_names[("b/tiny-layernorm-seed0", "b/tiny-rmsnorm-seed0")].distinct
-    assert "model.lr=0.001" in by_names[("c/tiny-layernorm-seed0", "c/tiny-rmsnorm-seed0")].distinct
+    assert "optimizer.lr=0.001" in by_names[("c/tiny-layernorm-seed0", "c/tiny-rmsnorm-seed0")].distinct
 
 
 def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tmp_path):
@@ -316,6 +327,7 @@ def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_
     assert "Centring × bias" not in summary
 
 
+DYT = "dyt − layernorm (a point-wise layer in place of layernorm)"  # DyT's comparison with the reference
 OLD_HEADER = ("| model | norm | runs | step | final val loss, uncentred − centred, paired by seed: mean [95% t "
               "interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same mean "
               "to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm "
@@ -339,38 +351,119 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])  # alpha_init and no eps: still the norms' group
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
-    assert [v.name for v in group.variants()] == ["layernorm", "rmsnorm", "dyt"]
+    assert [a.name for a in group.arms()] == ["layernorm", "rmsnorm", "dyt"]
     assert [r.name for r in group.runs if r.left_out or r.note] == []
     centring, dyt = group.comparisons
-    assert (centring.label, centring.pointwise) == ("rmsnorm − layernorm (the bias differs too)", False)
-    assert all(u.variant.normalizes for _, u in centring.pairs)
-    assert (dyt.label, dyt.pointwise) == ("dyt − layernorm (no norm: tanh in place of LayerNorm)", True)
+    assert (centring.label, centring.centring) == ("rmsnorm − layernorm (the bias differs too)", True)
+    assert all(u.norm.traits.normalizes for _, u in centring.pairs)
+    assert (dyt.label, dyt.centring) == (DYT, False)
     assert [(c.name, u.name) for c, u in dyt.pairs] == [(f"layernorm-seed{s}", f"dyt-seed{s}") for s in range(3)]
     assert dyt.differences == pytest.approx([0.20, 0.15, 0.30])
     summary = (tmp_path / "out/summary.md").read_text()
     # by hand: 0.20, 0.15, 0.30: mean 0.2167, sd 0.0764, half-width 4.3027 x 0.0764 / sqrt 3 = 0.1897
-    assert ("| tiny† | dyt | 3 | 10 | dyt − layernorm (no norm: tanh in place of LayerNorm): +0.2167 [+0.0269, "
-            "+0.4064] (t over 3 seeds), **excludes 0**; above 0 in 3 of 3 seeds | +0.0 (0 attn, 90.00°)‡§, largest "
-            "of 5 sites | 0.0500 (final; null 1/d = 0.0156) | centred (before the tanh): +0.2000 [+0.1500, +0.2500] "
-            "(bootstrap over windows); 2 runs not ablated |") in summary
-    assert ("| dyt − layernorm (no norm: tanh in place of LayerNorm) | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | "
-            "+0.2167 | 0.0764 | [+0.0269, +0.4064] | **yes** |") in summary
+    assert (f"| tiny† | dyt | 3 | 10 | {DYT}: +0.2167 [+0.0269, +0.4064] (t over 3 seeds), "
+            "**excludes 0**; above 0 in 3 of 3 seeds | +0.0 (0 attn, 90.00°)‡§, largest of 5 sites | 0.0500 "
+            "(final; null 1/d = 0.0156) | centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap "
+            "over windows); 2 runs not ablated |") in summary
+    assert (f"| {DYT} | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | 0.0764 | [+0.0269, +0.4064] | "
+            "**yes** |") in summary
     assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
             "(t over 3 seeds), includes 0; above 0 in 3 of 3 seeds |") in summary  # as without DyT
     assert "| tiny† | layernorm | 3 | 10 | reference |" in summary
     text = " ".join(summary.split())
-    assert "final val loss, uncentred − centred (DyT: − LayerNorm), paired by seed" in text
-    assert "ablation at every norm (centring removed from LN, added to RMS and before DyT's tanh)" in text
-    assert "rmsnorm − layernorm (the bias differs too): these runs differ in the bias" in text
-    assert "tanh in place of LayerNorm): these runs differ" not in text  # the bias note is the centring's
-    assert ("dyt: no norm at all (γ tanh(αx) + β where LayerNorm centres and rescales by a statistic of x), so its "
-            "loss cell can support a difference from LayerNorm in everything the norm does") in text
+    assert "final val loss, uncentred − centred (dyt: − layernorm), paired by seed" in text
+    assert ("ablation at every norm (centring removed from LN, added to RMS and before the point-wise map of "
+            "dyt)") in text
+    assert ("rmsnorm − layernorm (the bias differs too): these runs differ in the bias as well as in the centring "
+            "(layernorm has a bias β, rmsnorm none)") in text
+    assert "in place of layernorm): these runs differ" not in text  # the bias note is the centring's
+    assert (f"{DYT}: one norm in place of another, so the loss cell can support a difference in everything the "
+            "norm does") in text
+    assert ("dyt: no norm, a point-wise layer (it divides its input by no statistic of it); its ablation centres its "
+            "inputs before its point-wise map.") in text
     assert "not the centring's effect" in text and "Centring × bias" not in summary
-    assert "### Evaluation (normlab-eval), uncentred − centred (DyT: − LayerNorm), paired by seed" in summary
-    assert ("| dyt − layernorm (no norm: tanh in place of LayerNorm) | perplexity_embedded | loss | 1 (0) | 10/10 | "
-            "+0.2500 | +0.2500 | no interval: one pair | — |") in summary
+    assert "### Evaluation (normlab-eval), uncentred − centred (dyt: − layernorm), paired by seed" in summary
+    assert (f"| {DYT} | perplexity_embedded | loss | 1 (0) | 10/10 | +0.2500 | +0.2500 | no interval: one pair "
+            "| — |") in summary
     for figure in ("loss", "loss_difference", "angles_by_layer", "ablation"):
         assert f"({figure}_tiny.png)" in summary
+
+
+def scalenorm_sweep(root: Path) -> Path:
+    """LayerNorm, RMSNorm and a user's ScaleNorm (uncentred and without a bias, as RMSNorm), seeds 0 and 1."""
+    for seed, (ln, rms, scale) in enumerate([(3.00, 3.02, 3.05), (3.10, 3.13, 3.12)]):
+        make_run(root, f"layernorm-seed{seed}", "layernorm", seed, ln)
+        make_run(root, f"rmsnorm-seed{seed}", "rmsnorm", seed, rms)
+        user_norm_run(root, f"scalenorm-seed{seed}", seed, scale)
+    return root
+
+
+def test_a_users_norm_beside_rmsnorm_is_no_replicate_and_is_compared_with_the_reference(tmp_path):
+    """What a norm is comes from its class (tests/user_norms.py says nothing: normalizing, uncentred, outside the
+    2x2): a ScaleNorm run and an RMSNorm run of one seed are two norms, and ScaleNorm is compared with layernorm."""
+    sweep = scalenorm_sweep(tmp_path / "sweep")
+
+    (group,) = group_runs(find_runs([sweep])[0])
+    report(f"runs={sweep}", f"out={tmp_path / 'out'}")
+
+    assert [r.name for r in group.runs if r.left_out or r.note] == []
+    assert [a.name for a in group.arms()] == ["layernorm", "rmsnorm", "scalenorm"]
+    traits = group.arms()[2].traits
+    assert (traits.centres, traits.normalizes, traits.bias, traits.centring_pair) == (False, True, False, False)
+    assert [(c.label, c.differences) for c in group.comparisons] == [
+        ("rmsnorm − layernorm (the bias differs too)", pytest.approx([0.02, 0.03])),
+        ("scalenorm − layernorm (another norm in place of layernorm; the bias differs too)",
+         pytest.approx([0.05, 0.02]))]
+    summary = (tmp_path / "out/summary.md").read_text()
+    # 0.05, 0.02: mean 0.035, sd 0.0212, half-width 12.7062 x 0.0212 / sqrt 2 = 0.1906
+    assert ("| tiny† | scalenorm | 2 | 10 | scalenorm − layernorm (another norm in place of layernorm; the bias "
+            "differs too): +0.0350 [-0.1556, +0.2256] (t over 2 seeds), includes 0; above 0 in 2 of 2 seeds "
+            "|") in summary
+    assert "final val loss, uncentred − centred (scalenorm: − layernorm), paired by seed" in summary
+    # RMSNorm's 6,540,864 parameters less 63 at each of its 5 norms (one scalar gain for 64)
+    assert "| scalenorm-seed1 | scalenorm | 1 | 6,540,549 |" in summary and "point-wise" not in summary
+
+
+def test_declared_pairs_or_reference_are_what_is_compared_and_a_name_no_run_has_is_one_line(tmp_path):
+    sweep = scalenorm_sweep(tmp_path / "sweep")
+    by_rmsnorm = "scalenorm − rmsnorm (another norm in place of rmsnorm, both without bias)"
+
+    report(f"runs={sweep}", f"out={tmp_path / 'out'}", "pairs=[[rmsnorm,scalenorm]]")
+    (group,) = group_runs(find_runs([sweep])[0], Declared(reference="rmsnorm"))
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    table = summary.split("### Final validation loss, paired by seed")[1].split("###")[0]
+    assert [row.split(" | ")[0] for row in table.splitlines() if " − " in row] == [f"| {by_rmsnorm}"]  # it alone
+    # 0.03, -0.01: mean 0.01, sd 0.0283, half-width 12.7062 x 0.0283 / sqrt 2 = 0.2541
+    assert (f"| tiny† | scalenorm | 2 | 10 | {by_rmsnorm}: +0.0100 [-0.2441, +0.2641] (t over 2 seeds), includes 0; "
+            "above 0 in 1 of 2 seeds |") in summary
+    assert "| tiny† | layernorm | 2 | 10 | no pair |" in summary
+    assert "| tiny† | rmsnorm | 2 | 10 | reference |" in summary
+    assert [(c.label, c.differences) for c in group.comparisons] == [  # the 2x2 as before, then the reference's
+        ("rmsnorm − layernorm (the bias differs too)", pytest.approx([0.02, 0.03])),
+        (by_rmsnorm, pytest.approx([0.03, -0.01]))]
+    for override, message in (
+            ("reference=scalenorm_v2", "reference=scalenorm_v2: no run has that norm (the runs' norms: layernorm, "
+                                       "rmsnorm, scalenorm)"),
+            ("pairs=[[rmsnorm,crmsnorm]]", "pairs names crmsnorm, which no run has (the runs' norms: layernorm, "
+                                           "rmsnorm, scalenorm): give pairs=[[a,b],...] of the runs' norm names")):
+        with pytest.raises(AnalysisError) as refused:
+            report(f"runs={sweep}", f"out={tmp_path / 'refused'}", override)
+        assert str(refused.value) == message
+    assert not (tmp_path / "refused").exists()  # refused before anything is written
+
+
+def test_a_norm_class_that_cannot_be_imported_is_one_line_naming_the_run_and_what_to_do(tmp_path):
+    make_run(tmp_path / "sweep", "layernorm-seed0", "layernorm")
+    run = user_norm_run(tmp_path / "sweep", "scalenorm-seed0", _target_="my_norms.ScaleNorm")
+
+    with pytest.raises(AnalysisError) as refused:
+        report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    assert str(refused.value) == (f"{run / 'config.yaml'}: its norm class my_norms.ScaleNorm cannot be imported "
+                                  "(ModuleNotFoundError: No module named 'my_norms'): put the folder that holds its "
+                                  "module on PYTHONPATH")
+    assert not (tmp_path / "out").exists()
 
 
 def kept_in_order(lines: list[str], within: list[str]) -> bool:
@@ -397,8 +490,8 @@ def test_dyt_beside_the_2x2_sweep_is_no_replicate_of_rmsnorm_bias_and_only_adds_
     assert [r.name for r in group.runs if r.left_out] == []
     assert [c.label for c in group.comparisons] == [
         "rmsnorm_bias − layernorm (with bias)", "rmsnorm − layernorm_nobias (without bias)",
-        "dyt − layernorm (no norm: tanh in place of LayerNorm)"]
-    assert all(run.variant.name != "dyt" for c in group.comparisons[:2] for pair in c.pairs for run in pair)
+        DYT]
+    assert all(run.norm.name != "dyt" for c in group.comparisons[:2] for pair in c.pairs for run in pair)
     assert group.comparisons[2].differences == pytest.approx([0.25, -0.05])
     without = (tmp_path / "without/summary.md").read_text().splitlines()
     with_dyt = (tmp_path / "with/summary.md").read_text().splitlines()
@@ -409,25 +502,22 @@ def test_dyt_beside_the_2x2_sweep_is_no_replicate_of_rmsnorm_bias_and_only_adds_
     assert not kept_in_order(without, with_dyt)  # (the header alone names DyT)
     assert ("| with | layernorm: 3.0500 (2 seeds) | rmsnorm_bias: 3.0750 (2 seeds) | +0.0250 [-0.0385, +0.0885] "
             "(t over 2 seeds) |") in with_dyt
-    assert "| tiny† | dyt | 2 | 10 | dyt − layernorm (no norm: tanh in place of LayerNorm): +0.1000 [" in "\n".join(
-        with_dyt)
+    assert f"| tiny† | dyt | 2 | 10 | {DYT}: +0.1000 [" in "\n".join(with_dyt)
 
 
-def test_dyt_without_a_bias_is_paired_with_layernorm_without_one_else_says_the_bias_differs(tmp_path):
+def test_dyt_without_a_bias_is_compared_with_the_reference_unless_a_pair_is_declared(tmp_path):
     no_bias = {"norm.layer.bias": False}
-    for seed in (0, 1):
-        make_run(tmp_path / "a", f"layernorm-seed{seed}", "layernorm", seed, 3.0)
-        make_run(tmp_path / "a", f"dyt-seed{seed}", "dyt", seed, 3.1, settings=no_bias)
-    make_run(tmp_path / "b", "layernorm_nobias-seed0", "layernorm_nobias", 0, 3.05)
-    make_run(tmp_path / "b", "layernorm-seed0", "layernorm", 0, 3.0)
-    make_run(tmp_path / "b", "dyt-seed0", "dyt", 0, 3.1, settings=no_bias)
+    make_run(tmp_path, "layernorm_nobias-seed0", "layernorm_nobias", 0, 3.05)
+    make_run(tmp_path, "layernorm-seed0", "layernorm", 0, 3.0)
+    make_run(tmp_path, "dyt-seed0", "dyt", 0, 3.1, settings=no_bias)
 
-    for root, label, difference in (
-            ("a", "dyt − layernorm (no norm: tanh in place of LayerNorm; the bias differs too)", 0.1),
-            ("b", "dyt − layernorm_nobias (no norm: tanh in place of LayerNorm, both without bias)", 0.05)):
-        (group,) = group_runs(find_runs([tmp_path / root])[0])
-        (dyt,) = [c for c in group.comparisons if c.pointwise]
-        assert dyt.label == label and dyt.differences == pytest.approx([difference] * len(dyt.pairs))
+    for declared, label, difference in (
+            (Declared(), "dyt − layernorm (a point-wise layer in place of layernorm; the bias differs too)", 0.1),
+            (Declared(pairs=(("layernorm_nobias", "dyt"),)),
+             "dyt − layernorm_nobias (a point-wise layer in place of layernorm_nobias, both without bias)", 0.05)):
+        (group,) = group_runs(find_runs([tmp_path])[0], declared)
+        (dyt,) = group.comparisons
+        assert dyt.label == label and dyt.differences == pytest.approx([difference])
 
 
 def test_two_dyt_settings_beside_one_layernorm_stay_groups_of_their_own(tmp_path):
@@ -443,45 +533,52 @@ def test_two_dyt_settings_beside_one_layernorm_stay_groups_of_their_own(tmp_path
     assert any("norm.layer.alpha_init=0.2" in g.distinct for g in groups)
 
 
-def test_runs_written_before_the_subpackages_group_and_pair_with_runs_written_now(tmp_path):
-    old_targets = {  # config.yaml of a run written before normlab had subpackages names its classes so
-        "norm.layer._target_": "normlab.norms.LayerNorm",
-        "data._target_": "normlab.data.TokenDataModule",
-        "callbacks.scheduled_checkpoints._target_": "normlab.run_dir.RunDirectory",
-        "callbacks.preemption._target_": "normlab.callbacks.stops.Preemption",
-        "callbacks.nonfinite_guard._target_": "normlab.callbacks.stops.NonFiniteGuard",
-        "callbacks.angles._target_": "normlab.callbacks.angles.AngleCallback",
-    }
-    make_run(tmp_path, "ln-seed0-old", "layernorm", 0, settings=old_targets)
+def test_two_norms_of_one_name_are_two_norms_labelled_by_the_settings_that_differ(tmp_path):
+    make_run(tmp_path, "layernorm-seed0", "layernorm", 0, 3.0)
+    make_run(tmp_path, "layernorm-nobias-seed0", "layernorm", 0, 3.02, settings={"norm.layer.bias": False})
+    make_run(tmp_path, "rmsnorm-seed0", "rmsnorm", 0, 3.05)
+
+    (group,) = group_runs(find_runs([tmp_path])[0])
+
+    assert [r.name for r in group.runs if r.left_out] == []
+    assert [group.label(a) for a in group.arms()] == ["layernorm bias=True", "layernorm bias=False", "rmsnorm"]
+    assert [(c.label, c.differences) for c in group.comparisons] == [
+        ("rmsnorm − layernorm bias=False (without bias)", [pytest.approx(0.03)])]
+
+
+def test_runs_written_before_classes_and_keys_moved_group_and_pair_with_runs_written_now(tmp_path):
+    """config.yaml of a run written before normlab had subpackages names its classes so (normlab.norms.LayerNorm...);
+    one written before the seams moved holds model.lr and callbacks.scheduled_checkpoints (common/moved.py)."""
+    old = make_run(tmp_path, "ln-seed0-old", "layernorm", 0) / "config.yaml"
+    OmegaConf.save(OmegaConf.create(written_before(OmegaConf.to_container(OmegaConf.load(old)))), old)
+    assert "normlab.norms.LayerNorm" in old.read_text() and "scheduled_checkpoints" in old.read_text()
     make_run(tmp_path, "ln-seed1", "layernorm", 1)
     for seed in (0, 1):
         make_run(tmp_path, f"rms-seed{seed}", "rmsnorm", seed, loss=3.1)
 
     (group,) = group_runs(find_runs([tmp_path])[0])
 
-    assert [v.name for v in group.variants()] == ["layernorm", "rmsnorm"]
+    assert [a.name for a in group.arms()] == ["layernorm", "rmsnorm"]
     assert [r.name for r in group.runs if r.left_out] == []
     (comparison,) = group.comparisons
     assert [(c.name, u.name) for c, u in comparison.pairs] == [("ln-seed0-old", "rms-seed0"), ("ln-seed1", "rms-seed1")]
 
 
-def test_configs_without_centred_and_bias_keys_are_read_by_the_norm_name(tmp_path):
-    old_config = {"centred": None, "bias": None}  # written before the norm variants
-    make_run(tmp_path, "ln", "layernorm", norm_keys=old_config)
-    make_run(tmp_path, "rms", "rmsnorm", loss=3.1, norm_keys=old_config)
+def test_the_norm_keys_of_older_configs_are_ignored_for_what_the_class_says(tmp_path):
+    """Configs written before the class said what a norm is hold norm.centred, norm.normalizes and norm.bias (or,
+    before those, nothing beside the name): the report reads the class, even where a key says otherwise."""
+    keys = {"layernorm": {"centred": True, "bias": True}, "rmsnorm": {"centred": True, "bias": True},  # (wrong)
+            "dyt": {"centred": False, "normalizes": True, "bias": False}}
+    for norm, loss in (("layernorm", 3.0), ("rmsnorm", 3.1), ("dyt", 3.2)):
+        make_run(tmp_path / "old", norm, norm, loss=loss, norm_keys=keys[norm])
+        make_run(tmp_path / "new", norm, norm, loss=loss)
 
-    (group,) = group_runs(find_runs([tmp_path])[0])
+    old, new = (group_runs(find_runs([tmp_path / kind])[0]) for kind in ("old", "new"))
 
-    assert [(c.label, c.differences) for c in group.comparisons] == [
-        ("rmsnorm − layernorm (the bias differs too)", [pytest.approx(0.1)])]
-    assert norm_variant({"name": "rmsnorm_bias"}) == norm_variant({"name": "rmsnorm_bias", "centred": False,
-                                                                   "bias": True})
-    assert norm_variant({"name": "layernorm_nobias"}).bias is False
-    assert norm_variant({"name": "layernorm"}).normalizes is True  # every run before DyT
-    dyt = norm_variant({"name": "dyt", "centred": False, "normalizes": False, "bias": True})
-    names = ["dyt", "rmsnorm", "layernorm_nobias", "rmsnorm_bias", "layernorm"]
-    assert [v.name for v in sorted([dyt, *map(norm_variant, [{"name": n} for n in names[1:]])], key=lambda v: v.order)
-            ] == names[::-1]
+    assert [(c.label, c.differences) for (g,) in (old, new) for c in g.comparisons] == 2 * [
+        ("rmsnorm − layernorm (the bias differs too)", [pytest.approx(0.1)]),
+        ("dyt − layernorm (a point-wise layer in place of layernorm)", [pytest.approx(0.2)])]
+    assert [r.name for (g,) in (old, new) for r in g.runs if r.left_out] == []
 
 
 def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_rgba
 
-from normlab.probe.figure import NORM_COLORS, NORM_MARKERS, OTHER_COLORS, angles_by_layer_figure
+from conftest import compose_config
+from normlab.probe.figure import angles_by_layer_figure
 from normlab.study.report.figures import (
     ablation_figure,
     angles_training_figure,
@@ -21,7 +22,7 @@ from normlab.study.report.figures import (
 from normlab.study.report.groups import Group, group_runs
 from normlab.study.report.intervals import Interval
 from normlab.study.report.runs import find_runs
-from test_report import NEW_COLUMNS, angle_rows, make_run, write_ablation, write_csv
+from test_report import NEW_COLUMNS, angle_rows, make_run, user_norm_run, write_ablation, write_csv
 
 FINAL_INPUT = 4  # the final norm's tick: after 0 attn, 0 MLP, 1 attn, 1 MLP (test_report's 2 layers)
 
@@ -44,6 +45,11 @@ def plant_angles(run_dir: Path, final_angle: float, null_sd: float, steps=(0, 10
     """angles.csv with the null over random directions: every site at 90 degrees but the final norm's input."""
     rows = [r for step in steps for r in angle_rows(step, final_angle, 0.05, null_random_sd=null_sd)]
     write_csv(run_dir / "angles.csv", rows, NEW_COLUMNS)
+
+
+def conf_style(norm: str) -> dict:
+    """The colour and marker that conf/norm/<norm>.yaml gives the norm."""
+    return dict(compose_config("train", [f"norm={norm}"]).norm.style)
 
 
 def group_of(root: Path) -> Group:
@@ -147,36 +153,34 @@ def test_dyt_is_drawn_in_its_colour_with_its_difference_from_layernorm_on_axes_o
     losses, final = losses_figure(group), loss_differences_figure(group)
     angles, ablation = angles_by_layer_figure(group.title, group.series()), ablation_figure(group.title, group.series())
 
-    dyt_color = to_rgba(NORM_COLORS["dyt"])
-    assert dyt_color not in [to_rgba(c) for norm, c in NORM_COLORS.items() if norm != "dyt"] + list(
-        map(to_rgba, OTHER_COLORS)) and NORM_MARKERS["dyt"] not in [m for n, m in NORM_MARKERS.items() if n != "dyt"]
+    dyt_color = to_rgba(conf_style("dyt")["color"])
     val = axis_titled(losses, "validation loss")
     for seed in (0, 1):
         line = line_labelled(val, f"dyt seed {seed}")
         assert to_rgba(line.get_color()) == dyt_color
         assert list(line.get_ydata()) == pytest.approx(list(DYT_VAL[("dyt", seed)].values()))
-    difference = axis_titled(losses, "dyt − layernorm\n(no norm: tanh in place of LayerNorm)\n")
+    difference = axis_titled(losses, "dyt − layernorm\n(a point-wise layer in place of layernorm)\n")
     for seed, planted in ((0, [0.30, 0.25]), (1, [0.05, 0.20])):
         line = line_labelled(difference, f"seed {seed}: its pair's difference")
         assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
     assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([0.175, 0.225])
     assert difference.get_title().endswith(f"step 10: {Interval.of([0.25, 0.20]).text()}")
-    assert "DyT − LayerNorm" in difference.get_ylabel() and "centring" not in difference.get_ylabel()
+    assert "dyt − layernorm" in difference.get_ylabel() and "centring" not in difference.get_ylabel()
     assert "centring helps" in axis_titled(losses, "rmsnorm − layernorm (the bias differs too)\n").get_ylabel()
     (ax,) = final.axes
     means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
     assert means == pytest.approx([0.025, 0.225])  # rmsnorm − layernorm: 0.02, 0.03; dyt − layernorm: 0.25, 0.20
     seeds = [list(line.get_ydata()) for line in ax.get_lines() if line.get_label().startswith("one seed's pair")]
     assert seeds[1] == pytest.approx([0.25, 0.20])
-    assert [t.get_text() for t in ax.get_xticklabels()][1] == "dyt − layernorm\n(no norm: tanh in place of LayerNorm)"
+    assert ax.get_xticklabels()[1].get_text() == "dyt − layernorm\n(a point-wise layer in place\nof layernorm)"
     assert "first − second norm" in ax.get_ylabel() and "centring" not in ax.get_ylabel()
     mean = errorbar_labelled(axis_titled(angles, "angle to 1 at the norm inputs"),
                              "dyt: mean of 2 runs, bars ± std over tokens").lines[0]
     assert mean.get_ydata()[FINAL_INPUT] == pytest.approx(92.5) and to_rgba(mean.get_color()) == dyt_color
-    assert mean.get_marker() == NORM_MARKERS["dyt"]
+    assert mean.get_marker() == conf_style("dyt")["marker"]
     (ax,) = ablation.axes
     assert errorbar_labelled(ax, "dyt seed 0 centred").lines[0].get_ydata() == pytest.approx([0.1, 0.2])
-    assert "DyT: its input centred before the tanh" in ax.get_title()
+    assert "dyt: its input centred before its point-wise map" in ax.get_title()
 
 
 def plant_seeds(root: Path, angles: dict[str, list[float]], null_sd: dict[str, float]) -> Group:
@@ -203,7 +207,7 @@ def test_angles_by_layer_shows_each_seeds_mean_and_null_bands_that_do_not_blend(
     for band, norm, sd in ((layernorm, "layernorm", 0.4), (rmsnorm, "rmsnorm", 0.5)):
         assert band.get_label().startswith(f"null {norm}: mean angle to random directions ± 1 sd")
         assert all(alpha == 0 for *_, alpha in band.get_facecolor())  # no translucent fill to blend
-        assert to_rgba(band.get_edgecolor()[0])[:3] == to_rgba(NORM_COLORS[norm])[:3]
+        assert to_rgba(band.get_edgecolor()[0])[:3] == to_rgba(conf_style(norm)["color"])[:3]
         assert sorted({round(y, 9) for _, y in band.get_paths()[0].vertices}) == pytest.approx([90 - sd, 90 + sd])
     assert layernorm.get_hatch() != rmsnorm.get_hatch()
     assert "bars ± std over tokens" in inputs.get_ylabel() and fig.get_suptitle().endswith("step 10")
@@ -250,3 +254,32 @@ def test_the_ablation_figure_tells_seeds_of_one_norm_apart_and_names_the_steps_a
     assert seed0.get_marker() != seed1.get_marker() and seed0.get_color() == seed1.get_color()
     assert list(seed1.get_ydata()) == pytest.approx([0.015, 0.03])  # the site (delta / 2) and all at once
     assert ax.get_title().endswith("checkpoints at steps 8, 10")
+
+
+def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_figure_differ(tmp_path):
+    """The built-in norms' styles are those of their conf/norm yaml; two norms of a user's, without a style, get a
+    colour and marker from their names: the same in every figure and report, never another norm's of the figure."""
+    assert {norm: conf_style(norm) for norm in ("layernorm", "rmsnorm", "layernorm_nobias", "rmsnorm_bias", "dyt")} == {
+        "layernorm": {"color": "tab:blue", "marker": "o"}, "rmsnorm": {"color": "tab:red", "marker": "s"},
+        "layernorm_nobias": {"color": "tab:purple", "marker": "^"},
+        "rmsnorm_bias": {"color": "tab:orange", "marker": "D"}, "dyt": {"color": "tab:green", "marker": "v"}}
+    users = ("scalenorm", "scalenorm_wide")
+    drawn = []
+    for report, norms in (("a", ("layernorm", *users)), ("b", ("rmsnorm", "dyt", *users))):
+        for norm in norms:
+            run = user_norm_run(tmp_path / report, norm, norm=norm) if norm in users else make_run(
+                tmp_path / report, norm, norm)
+            plant_angles(run, 91.0, 0.5)
+        group = group_of(tmp_path / report)
+        inputs = axis_titled(angles_by_layer_figure(group.title, group.series()), "angle to 1 at the norm inputs")
+        styles = {}
+        for norm in norms:
+            line = errorbar_labelled(inputs, f"{norm}: mean of 1 run, bars ± std over tokens").lines[0]
+            styles[norm] = (to_rgba(line.get_color()), line.get_marker())
+        assert len({color for color, _ in styles.values()}) == len({marker for _, marker in styles.values()}) == len(
+            norms)
+        val = axis_titled(losses_figure(group), "validation loss")
+        assert all(to_rgba(line_labelled(val, f"{norm} seed 0").get_color()) == styles[norm][0] for norm in norms)
+        drawn.append(styles)
+    assert all(drawn[0][norm] == drawn[1][norm] for norm in users)
+    assert drawn[0]["layernorm"] == (to_rgba("tab:blue"), "o") and drawn[1]["dyt"] == (to_rgba("tab:green"), "v")

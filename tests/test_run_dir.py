@@ -1,5 +1,5 @@
 """The run directory's claim: one process per run directory, a stale claim taken over, never a live one; the
-CSV tables' torn rows, and lost validation rows regenerated; a run written before normlab had subpackages resumed;
+CSV tables' torn rows, and lost validation rows regenerated; a run written before classes and keys moved resumed;
 the checkpoint schedule's steps. Real files, real processes, the real one-node Slurm cluster (`make test` starts
 it)."""
 
@@ -17,12 +17,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, run_of, state, wait
-from normlab.common.paths import MOVED_TARGETS
+from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, run_of, state, wait, written_before
 from normlab.study.report.groups import group_runs
 from normlab.study.report.runs import find_runs
 from normlab.training.checkpoint_files import checkpoint_steps, write_checkpoint
 from normlab.training.claim import Claim, process_start, this_process
+from normlab.training.loader import load_model
 from normlab.training.run_files import RunDirError
 from normlab.training.run_tables import read_table
 
@@ -223,45 +223,35 @@ def test_a_finished_run_whose_final_validation_row_was_torn_gets_it_back_bit_for
     assert (after.left_out, after.val_step) == ("", 6)
 
 
-def named_before_the_move(config):
-    """A config (nested dicts and lists) with each moved class's `_target_` named by its place before normlab had
-    subpackages (the MOVED_TARGETS keys)."""
-    if isinstance(config, dict):
-        return {k: earlier_target(v) if k == "_target_" else named_before_the_move(v) for k, v in config.items()}
-    if isinstance(config, list):
-        return [named_before_the_move(v) for v in config]
-    return config
-
-
-def earlier_target(target):
-    for old, new in MOVED_TARGETS.items():
-        if isinstance(target, str) and target.startswith(new):
-            return old + target.removeprefix(new)
-    return target
-
-
-def test_a_run_written_before_the_subpackages_resumes(prepared, tmp_path):
-    """A real run whose config.yaml and checkpoints name its classes by their places before the move
-    (`normlab.run_dir.RunDirectory`, `normlab.norms.LayerNorm`...), its last.ckpt lost: the same command resumes it
-    from previous.ckpt at step 4 instead of refusing a run directory of another config."""
+def test_a_run_written_before_classes_and_keys_moved_resumes_from_its_old_command(prepared, tmp_path):
+    """A real run whose config.yaml and checkpoints are as normlab wrote them before classes and keys moved (classes
+    by their places before the subpackages, `normlab.norms.LayerNorm`...; model.lr; the run directory as the callback
+    callbacks.scheduled_checkpoints), its last.ckpt lost: the command of then (model.lr=,
+    callbacks.scheduled_checkpoints.*=) resumes it from previous.ckpt at step 4 instead of refusing a run directory
+    of another config, and its model loads from those checkpoints."""
     run = tmp_path / "run"
     assert (result := run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)).returncode == 0, result.stderr[-3000:]
     for name in ("last.ckpt", "last.ckpt.json"):
         (run / "checkpoints" / name).unlink()
     config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"))
-    OmegaConf.save(OmegaConf.create(named_before_the_move(config)), run / "config.yaml")
+    OmegaConf.save(OmegaConf.create(written_before(config)), run / "config.yaml")
     for path in (run / "checkpoints").glob("*.ckpt"):  # each with its digest file written anew
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        checkpoint["hyper_parameters"]["config"] = named_before_the_move(checkpoint["hyper_parameters"]["config"])
+        checkpoint["hyper_parameters"]["config"] = written_before(checkpoint["hyper_parameters"]["config"])
         write_checkpoint(checkpoint, path)
-    saved = (run / "config.yaml").read_text()
-    assert "_target_: normlab.run_dir.RunDirectory" in saved and "_target_: normlab.norms." in saved
+    saved = OmegaConf.load(run / "config.yaml")
+    assert saved.callbacks.scheduled_checkpoints._target_ == "normlab.run_dir.RunDirectory" and saved.model.lr == 3e-3
+    assert saved.norm.layer._target_.startswith("normlab.norms.") and "checkpoints" not in saved
+    load_model(run / "checkpoints" / "step-0000002.ckpt")  # no unknown key model.lr
+    old_command = [arg.replace("checkpoints.", "callbacks.scheduled_checkpoints.") for arg in FAST_TRAIN]
 
-    result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN)
+    result = run_cli("normlab-train", f"run_dir={run}", *old_command, "model.lr=3e-3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming {run} from checkpoints/previous.ckpt at step 4" in result.stderr
     assert [r["step"] for r in read_table(run / "metrics.csv")[1] if r["train/loss"]] == ["0", "1", "2", "3", "4", "5"]
-    assert "_target_: normlab.training.run_dir.RunDirectory" in (run / "config.yaml").read_text()
+    saved = OmegaConf.load(run / "config.yaml")  # written as it is now
+    assert saved.checkpoints == {"every": 2, "dense_until": 4, "sparse_every": 6, "scheduled": "weights"}
+    assert "lr" not in saved.model and "scheduled_checkpoints" not in saved.callbacks and saved.optimizer.lr == 3e-3
 
 
 def test_the_schedule_always_ends_at_the_final_step():

@@ -34,7 +34,7 @@ def test_paper_experiments_compose_and_validate_without_allocating_weights(exper
     accumulate = gradient_accumulation(cfg)
     assert cfg.data.batch_size * cfg.trainer.devices * cfg.trainer.num_nodes * accumulate == 64
     schedule = checkpoint_steps(
-        steps, **{k: cfg.callbacks.scheduled_checkpoints[k] for k in ("every", "dense_until", "sparse_every")}
+        steps, **{k: cfg.checkpoints[k] for k in ("every", "dense_until", "sparse_every")}
     )
     assert schedule == [0, *range(1000, 10_001, 1000), *range(20_000, steps + 1, 10_000)]
     assert cfg.schedule.warmup_fraction == 0.01 and cfg.schedule.min_lr_ratio == 0.1
@@ -86,7 +86,7 @@ def test_wandb_run_is_grouped_with_its_other_seeds_and_tagged():
     cfg = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=2"])
     assert cfg.logger.wandb.group == "paper_70m-70m-rmsnorm" and list(cfg.logger.wandb.tags) == [
         "rmsnorm", "70m", "seed2"]
-    other = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=0", "model.lr=1e-3"],
+    other = compose_config("train", ["experiment=paper_70m", "norm=rmsnorm", "seed=0", "optimizer.lr=1e-3"],
                            with_hydra=True)
     assert other.logger.wandb.group == "paper_70m-70m-rmsnorm-lr1e-3"  # another lr: another group
     assert cfg.logger.wandb.job_type == "train" and cfg.logger.wandb.project == "normlab"
@@ -103,8 +103,8 @@ def test_two_ddp_processes_reproduce_one_process_with_the_same_global_batch(prep
         *FAST_TRAIN,
         "global_batch_size=4",
         "trainer.val_check_interval=3",
-        "callbacks.scheduled_checkpoints.every=3",
-        "callbacks.scheduled_checkpoints.dense_until=3",
+        "checkpoints.every=3",
+        "checkpoints.dense_until=3",
     ]
     one = run_cli(
         "normlab-train",

@@ -24,9 +24,9 @@ RUN = [
     "data.val_tokens=1024",
     f"trainer.max_steps={STEPS}",
     "trainer.val_check_interval=30",
-    "callbacks.scheduled_checkpoints.every=30",
-    "callbacks.scheduled_checkpoints.dense_until=30",
-    f"callbacks.scheduled_checkpoints.sparse_every={STEPS}",
+    "checkpoints.every=30",
+    "checkpoints.dense_until=30",
+    f"checkpoints.sparse_every={STEPS}",
     "logger=csv",
     "global_batch_size=4",
     "probe.tokens=4096",
@@ -40,9 +40,9 @@ pytestmark = needs_slurm
 SHORT = [
     "trainer.max_steps=6",
     "trainer.val_check_interval=2",
-    "callbacks.scheduled_checkpoints.every=2",
-    "callbacks.scheduled_checkpoints.dense_until=4",
-    "callbacks.scheduled_checkpoints.sparse_every=6",
+    "checkpoints.every=2",
+    "checkpoints.dense_until=4",
+    "checkpoints.sparse_every=6",
 ]
 
 

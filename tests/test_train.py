@@ -17,7 +17,7 @@ from normlab.data.tokenizer import EOT
 from normlab.probe.table import read_csv
 from normlab.training.checkpoint_files import verify
 from normlab.training.module import lr_factor
-from normlab.training.pipeline import build, build_module, build_trainer
+from normlab.training.pipeline import build, build_module, build_run_directory, build_trainer
 
 NORMS = ("layernorm", "rmsnorm")
 
@@ -125,8 +125,8 @@ def test_a_final_step_off_the_schedule_gets_its_checkpoint_and_angles_and_an_old
     """trainer.max_steps=6 with scheduled checkpoints every 4 steps: 0, 4 and 6, the final weights measured too, so
     that the run's last loss and last angles are of one step. A run written before the final step was scheduled
     (no step-6 checkpoint, no step-6 angle rows) is finished: requeued, it does nothing, tries to measure nothing."""
-    overrides = [*FAST_TRAIN, "callbacks.scheduled_checkpoints.every=4",
-                 "callbacks.scheduled_checkpoints.sparse_every=100", f"run_dir={tmp_path}"]
+    overrides = [*FAST_TRAIN, "checkpoints.every=4",
+                 "checkpoints.sparse_every=100", f"run_dir={tmp_path}"]
     result = run_cli("normlab-train", *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoints = tmp_path / "checkpoints"
@@ -324,7 +324,7 @@ def test_sweep_ran_every_norm_and_seed_with_its_own_initialisation(sweep):
 
 
 def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tmp_path):
-    result = run_cli("normlab-train", *FAST_TRAIN, f"run_dir={tmp_path}", "model.lr=1e30", "trainer.max_steps=30")
+    result = run_cli("normlab-train", *FAST_TRAIN, f"run_dir={tmp_path}", "optimizer.lr=1e30", "trainer.max_steps=30")
     assert result.returncode == 2
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("normlab-train: error: non-finite loss at optimizer step 1 (loss nan)")
@@ -338,9 +338,9 @@ def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tm
 
 def test_non_finite_gradient_with_a_finite_loss_stops_the_run(prepared, tmp_path):
     cfg = compose_config(overrides=[*FAST_TRAIN, f"run_dir={tmp_path}"])
-    module, datamodule, run = build_module(cfg), build(cfg.data), build(cfg.callbacks.scheduled_checkpoints)
+    module, datamodule, run = build_module(cfg), build(cfg.data), build_run_directory(cfg)
     module.model.lm_head.weight.register_hook(lambda grad: grad.index_fill(0, torch.tensor([7]), float("inf")))
-    trainer = build_trainer(cfg, [run, build(cfg.callbacks.nonfinite_guard)], accumulate=1)
+    trainer = build_trainer(cfg, [build(cfg.callbacks.nonfinite_guard)], accumulate=1, run=run)
     with (
         run.opened(cfg, []),
         pytest.raises(NonFiniteError, match=r"^non-finite gradient at optimizer step 0 \(loss 1"),

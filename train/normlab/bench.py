@@ -28,7 +28,6 @@ from pathlib import Path
 from normlab.common.paths import CONF_DIR
 
 SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
-ARMS = {"layernorm": "LN", "rmsnorm": "RMS", "dyt": "DyT"}  # the norms of bench_step, and their short names
 CHECKS = ["preflight"]  # pass/fail checks: run only when named
 
 
@@ -54,37 +53,50 @@ def interleaved(fns: dict, repeats: int, device) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def bench_norms(device, rows: int, repeats: int) -> list[tuple[str, str]]:
-    """The project's LayerNorm, RMSNorm and DyT modules and torch's LayerNorm and RMSNorm functions,
-    forward+backward at the paper widths."""
+def norm_layers(names: list[str]) -> dict:
+    """Each norm of `names` (conf/norm/<name>.yaml, a user's own through hydra.searchpath) as the factory training
+    builds its layers with: its `norm.layer`, instantiated."""
+    from hydra.utils import instantiate
+
+    return {name: instantiate(compose([f"norm={name}"]).norm.layer) for name in names}
+
+
+def norm_ratios(t: dict, names: list[str], at_most: dict) -> str:
+    """'rmsnorm / layernorm 0.98 (target <= 1); dyt / layernorm 1.66': each norm's time over the reference's (the
+    first), with its target where `at_most` gives one."""
+    reference = names[0]
+    return "; ".join(f"{name} / {reference} {t[name] / t[reference]:.2f}"
+                     + (f" (target <= {at_most[name]:g})" if name in at_most else "") for name in names[1:])
+
+
+def bench_norms(device, rows: int, repeats: int, names: list[str], at_most: dict) -> list[tuple[str, str]]:
+    """The norms of `names` (the first the reference) and torch's layer_norm and rms_norm functions, forward+backward
+    at the paper widths."""
     import torch
     import torch.nn.functional as F
 
-    from normlab.model.norms import DyT, LayerNorm, RMSNorm
-
-    results = []
+    factories, results = norm_layers(names), []
     for dtype in (torch.float32, torch.bfloat16):
         for d in (512, 768, 1024, 2048):
             x = torch.randn(rows, d, device=device, dtype=dtype, requires_grad=True)
             grad = torch.randn_like(x)
-            ln, rms, dyt = (norm(d).to(device, dtype) for norm in (LayerNorm, RMSNorm, DyT))
+            layers = {name: factory(d).to(device, dtype) for name, factory in factories.items()}
+            weight = torch.ones(d, device=device, dtype=dtype, requires_grad=True)
             t = interleaved(
                 {
-                    "ln": lambda: ln(x).backward(grad),
-                    "rms": lambda: rms(x).backward(grad),
-                    "dyt": lambda: dyt(x).backward(grad),
-                    "torch_ln": lambda: F.layer_norm(x, (d,), ln.weight, ln.bias, ln.eps).backward(grad),
-                    "torch_rms": lambda: F.rms_norm(x, (d,), rms.weight, rms.eps).backward(grad),
+                    **{name: lambda m=m: m(x).backward(grad) for name, m in layers.items()},
+                    "torch_ln": lambda: F.layer_norm(x, (d,), weight, weight, 1e-5).backward(grad),
+                    "torch_rms": lambda: F.rms_norm(x, (d,), weight, 1e-5).backward(grad),
                 },
                 repeats,
                 device,
             )
+            against_torch = ", ".join(f"{name} {t[name] / t['torch_ln']:.2f}" for name in names)
             results.append(
                 (
                     f"norm forward+backward, {str(dtype)[6:]}, d={d} ({rows} rows, {device.type})",
-                    f"RMSNorm / LayerNorm {t['rms'] / t['ln']:.2f} (target <= 1); torch's RMSNorm / LayerNorm "
-                    f"{t['torch_rms'] / t['torch_ln']:.2f}; ours / torch's: LayerNorm {t['ln'] / t['torch_ln']:.2f}, "
-                    f"RMSNorm {t['rms'] / t['torch_rms']:.2f}; DyT / LayerNorm {t['dyt'] / t['ln']:.2f}",
+                    f"{norm_ratios(t, names, at_most)}; against torch's layer_norm: {against_torch}; torch's "
+                    f"rms_norm / layer_norm {t['torch_rms'] / t['torch_ln']:.2f}",
                 )
             )
     return results
@@ -103,18 +115,22 @@ def plain_step(module, optimizer, batch, clip: float, device_type: str = "cpu") 
     optimizer.zero_grad(set_to_none=True)
 
 
+SEARCHPATH: list[str] = []  # the config folders that normlab-bench's own command line added (a user's norms)
+
+
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    searchpath = [f"hydra.searchpath=[{','.join(SEARCHPATH)}]"] if SEARCHPATH else []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose("train", overrides)
+        return hydra_compose("train", [*searchpath, *overrides])
 
 
-def bench_step(device, repeats: int, seq_len: int = 256) -> list[tuple[str, str]]:
-    """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with LN, with RMS and with
-    DyT, on the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its MFU; on CPU a
-    2-layer model of the 70m width at a context of `seq_len`."""
+def bench_step(device, repeats: int, names: list[str], at_most: dict, seq_len: int = 256) -> list[tuple[str, str]]:
+    """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with each norm of `names` (the
+    first the reference), on the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its
+    MFU; on CPU a 2-layer model of the 70m width at a context of `seq_len`."""
     import torch
 
     from normlab.training.pipeline import build_module
@@ -125,7 +141,7 @@ def bench_step(device, repeats: int, seq_len: int = 256) -> list[tuple[str, str]
     else:
         shape, batch = ["model=70m", "model.n_layer=2", f"model.block_size={seq_len}"], 4
     steps, modules = {}, {}
-    for norm in ARMS:
+    for norm in names:
         cfg = compose([*shape, f"norm={norm}"])
         module = modules[norm] = build_module(cfg).to(device)
         optimizer = module.configure_optimizers()["optimizer"]
@@ -141,15 +157,16 @@ def bench_step(device, repeats: int, seq_len: int = 256) -> list[tuple[str, str]
             m, o, (ids[:, :-1], ids[:, 1:]), 1.0, device.type
         )
     t = interleaved(steps, repeats, device)
-    tokens = batch * modules["layernorm"].model.config.block_size
+    reference = names[0]
+    tokens = batch * modules[reference].model.config.block_size
     name = f"{shape[0][6:]}{'' if device.type == 'cuda' else ' (2 layers)'}, {batch}x{tokens // batch} tokens"
     rows = [
         (
-            f"training step {ARMS[norm]} / LN ({name}, {device.type})",
-            f"{t[norm] / t['layernorm']:.3f}{' (target <= 1)' if norm == 'rmsnorm' else ''}; "
-            f"LN {tokens / t['layernorm']:,.0f} tokens/s, {ARMS[norm]} {tokens / t[norm]:,.0f} tokens/s",
+            f"training step {norm} / {reference} ({name}, {device.type})",
+            f"{t[norm] / t[reference]:.3f}{f' (target <= {at_most[norm]:g})' if norm in at_most else ''}; "
+            f"{reference} {tokens / t[reference]:,.0f} tokens/s, {norm} {tokens / t[norm]:,.0f} tokens/s",
         )
-        for norm in ("rmsnorm", "dyt")
+        for norm in names[1:]
     ]
     if peak := peak_flops(device):
         for norm in steps:
@@ -203,7 +220,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
                 "logger=csv",
                 f"trainer.max_steps={steps}",
                 f"trainer.val_check_interval={steps}",
-                f"callbacks.scheduled_checkpoints.every={steps}",
+                f"checkpoints.every={steps}",
                 "probe.tokens=8192",
             ]
         )  # validation and checkpoints after the last step
@@ -407,19 +424,32 @@ def main() -> None:
         outputs.check_file(out, "normlab-bench", written_by_bench, example="bench.md")
         import torch
         from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.errors import HydraException
 
         from normlab.training.runtime import keep_freed_memory
 
+        SEARCHPATH[:] = HydraConfig.get().searchpath  # a user's config folders (their norms), for compose
         GlobalHydra.instance().clear()  # the sections compose training configs of their own
+        norms = [cfg.norms] if isinstance(cfg.norms, str) else [str(name) for name in cfg.norms]
+        at_most = dict(cfg.at_most or {})
+        if not norms or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in at_most.values()):
+            raise ConfigError(f"norms={list(norms)}, at_most={at_most}: name the norms to compare, the reference first "
+                              "(e.g. norms=[layernorm,rmsnorm]), and give at_most numbers")
+        try:
+            norm_layers(norms)
+        except HydraException as e:
+            raise ConfigError(f"norms={norms}: {str(e).splitlines()[0]} (conf/norm/, or a folder of yours given by "
+                              "hydra.searchpath: docs/norms.md)") from None
         keep_freed_memory()  # as normlab-train does
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         rows = []
         if "framework" in sections:  # first, in a fresh process, as normlab-train runs
             rows += bench_framework(cfg.steps)
         if "norms" in sections:
-            rows += bench_norms(device, cfg.rows, 10 * cfg.repeats)
+            rows += bench_norms(device, cfg.rows, 10 * cfg.repeats, norms, at_most)
         if "step" in sections:
-            rows += bench_step(device, 4 * cfg.repeats, cfg.seq_len)
+            rows += bench_step(device, 4 * cfg.repeats, norms, at_most, cfg.seq_len)
         if "prepare" in sections:
             rows += bench_prepare(cfg.scale)
         if "angles" in sections:

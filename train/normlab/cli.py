@@ -6,6 +6,7 @@ command line, so that a bad command line, --help and shell completion are answer
 
 import contextlib
 import errno
+import importlib.util
 import io
 import itertools
 import re
@@ -14,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import hydra
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from normlab.common.compose import compose, register_resolvers
 from normlab.common.errors import (
     Interrupted,
     NormlabError,
@@ -29,6 +30,7 @@ from normlab.common.errors import (
     process_rank,
     requeue_with_submitit,
 )
+from normlab.common.moved import current_overrides
 from normlab.common.paths import CONF_DIR
 
 
@@ -42,6 +44,7 @@ def check_command_line(config_name: str, args: list[str]) -> None:
     unknown option of a config group (model=7m, norm=batchnorm; listing the valid ones), an unknown flag, an argument
     that is not an override (a bare path), a key that the config does not have, a sweep without -m."""
     parser = OverridesParser.create()
+    folders = [CONF_DIR, *user_config_folders(args)]
     for arg in args:
         try:
             (override,) = parser.parse_overrides([arg])
@@ -53,12 +56,14 @@ def check_command_line(config_name: str, args: list[str]) -> None:
         choices = (
             override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
         )
-        valid = sorted(p.stem for p in group.glob("*.yaml"))
+        valid = sorted({p.stem for folder in folders for p in (folder / override.key_or_group).glob("*.yaml")})
         for choice in choices:
             if choice not in valid and choice != "null":
+                yours = " or your config folders'" if len(folders) > 1 else ""
+                own = "; a norm of your own: docs/norms.md" if override.key_or_group == "norm" else ""
                 fail(
                     f"unknown {override.key_or_group} '{choice}': choose one of {', '.join(valid)} "
-                    f"(conf/{override.key_or_group}/)"
+                    f"(conf/{override.key_or_group}/{yours}{own})"
                 )
     flags = [arg for arg in args if arg.startswith("-")]
     if unknown := [flag for flag in flags if flag.split("=")[0] not in HYDRA_FLAGS]:
@@ -75,10 +80,32 @@ def check_command_line(config_name: str, args: list[str]) -> None:
     if flags:  # a sweep: compose its first job (a sweep's other values are choices checked above, or plain values)
         overrides = [first_job(override) for override in overrides]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose(config_name, overrides=overrides)
+        compose(config_name, overrides)
     except HydraException as e:
         fail(" ".join(line.strip() for line in str(e).splitlines() if line.strip()) + " (--help shows the config)")
+
+
+def user_config_folders(args: list[str]) -> list[Path]:
+    """The config folders that the command line adds to normlab's (a user's conf/norm/<name>.yaml lives there): those
+    of hydra.searchpath=[file://DIR,...] (pkg://PACKAGE: the package's folder) and of --config-dir DIR."""
+    folders = []
+    for i, arg in enumerate(args):
+        if arg in ("-cd", "--config-dir") and i + 1 < len(args):
+            folders.append(Path(args[i + 1]))
+        elif arg.startswith("--config-dir="):
+            folders.append(Path(arg.split("=", 1)[1]))
+        elif arg.lstrip("+").startswith("hydra.searchpath="):
+            try:
+                (override,) = OverridesParser.create().parse_overrides([arg])
+            except OverrideParseException:
+                continue
+            entries = override.value() if isinstance(override.value(), list) else [override.value()]
+            for entry in map(str, entries):
+                if entry.startswith("file://"):
+                    folders.append(Path(entry.removeprefix("file://")))
+                elif entry.startswith("pkg://") and (spec := importlib.util.find_spec(entry[6:].replace("/", "."))):
+                    folders += [Path(p) for p in spec.submodule_search_locations or []]
+    return folders
 
 
 # Hydra 1.3's command-line options (hydra --help): anything else that starts with '-' is a mistake
@@ -94,8 +121,7 @@ def without_foreign_groups(answer: str, config_name: str) -> str:
     """Hydra's --help and shell completion offer every group folder of conf/; keep only the groups that this command
     composes (normlab-angles: probe and paths, not model or data): help lines `group: options`, completion words
     `group=...`, `group.` and `group/...`."""
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        choices = compose(config_name, return_hydra_config=True).hydra.runtime.choices
+    choices = compose(config_name, with_hydra=True).hydra.runtime.choices
     groups = {p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "__pycache__")}
     foreign = groups - set(choices)
     if not foreign:
@@ -193,6 +219,9 @@ def jobs_not_run(rerun_hint: str | None) -> str:
 def hydra_app(config_name: str, rerun_hint: str | None = None):
     """Turn `task(cfg)` into a console-script entry point over conf/<config_name>.yaml; `rerun_hint`: what to do
     about the jobs that a -m sweep stopped by an error did not run."""
+    # Here rather than in main: a job that Hydra's submitit launcher runs on another node resolves the config in a
+    # process that unpickles the task, which imports this module, and calls no main
+    register_resolvers()
 
     def decorate(task):
         @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=config_name)
@@ -208,6 +237,7 @@ def hydra_app(config_name: str, rerun_hint: str | None = None):
                 fail(f"{e}{jobs_not_run(rerun_hint)}", e.exit_code, program)
 
         def main():
+            sys.argv[1:] = current_overrides(sys.argv[1:])  # model.lr=, callbacks.scheduled_checkpoints.*= of old
             check_command_line(config_name, sys.argv[1:])
             if not set(sys.argv[1:]) & HELP_AND_COMPLETION_FLAGS:
                 return run()

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, ListConfig
 from torch import nn
 
 from normlab.common.errors import ConfigError
-from normlab.model.norms import DyT, RMSNorm
+from normlab.model import norms
 from normlab.training.runtime import PEAK_BF16_FLOPS
 
 MIB, GIB = 2**20, 2**30
@@ -59,14 +59,6 @@ def gpu(spec: str) -> GPU:
     )
 
 
-def saved_by_norm(norm: nn.Module, width: int) -> int:
-    """fp32 values per token that a norm saves for backward beside its input: mean and rstd (LayerNorm), rstd
-    (RMSNorm), tanh(alpha x) for tanh's backward (DyT: the whole width)."""
-    if isinstance(norm, DyT):
-        return width
-    return 1 if isinstance(norm, RMSNorm) else 2
-
-
 @dataclass(frozen=True)
 class ModelShape:
     """What the plan needs to know of a model."""
@@ -80,7 +72,7 @@ class ModelShape:
     block_params: int  # of one transformer block
     block_matmul_weights: int  # weights of one block's matrices: what autocast copies to bf16
     head_matmul_weights: int  # the LM head's matrix
-    norm_stats: int  # fp32 values per token that a norm saves beside its input: saved_by_norm
+    norm_stats: int  # fp32 values per token that a norm saves beside its input: norms.saved_per_token, measured
     flops_per_token: int  # training FLOPs, GPT.flops_per_token()
     dropout: float
 
@@ -97,7 +89,7 @@ class ModelShape:
             block_params=sum(p.numel() for p in block.parameters()),
             block_matmul_weights=sum(m.weight.numel() for m in block.modules() if isinstance(m, nn.Linear)),
             head_matmul_weights=model.lm_head.weight.numel(),
-            norm_stats=saved_by_norm(block.ln_1, c.n_embd),
+            norm_stats=norms.saved_per_token(model.norm_factory, c.n_embd),
             flops_per_token=model.flops_per_token(),
             dropout=c.dropout,
         )
@@ -307,7 +299,7 @@ def checkpoint_disk(cfg: DictConfig, params: int) -> Disk:
     previous.ckpt do; their configs and counters are a few kB."""
     from normlab.training.checkpoint_files import checkpoint_steps
 
-    schedule = cfg.callbacks.scheduled_checkpoints
+    schedule = cfg.checkpoints
     count = len(checkpoint_steps(cfg.trainer.max_steps, schedule.every, schedule.dense_until, schedule.sparse_every))
     full = 12 * params
     each = full if schedule.scheduled == "full" else 4 * params

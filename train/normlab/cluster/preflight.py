@@ -14,11 +14,10 @@ import warnings
 
 import lightning as L
 import torch
-from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader
 
 from normlab.cluster import plan
-from normlab.common.paths import CONF_DIR
+from normlab.common.compose import compose
 from normlab.training import runtime
 from normlab.training.console import quiet_libraries
 from normlab.training.pipeline import build_module, build_trainer, gradient_accumulation
@@ -61,8 +60,7 @@ class StepClock(L.Callback):
 
 
 def preset_config(preset: str, overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("train", [f"experiment={preset}", *overrides])
+    return compose("train", [f"experiment={preset}", *overrides])
 
 
 def random_windows(cfg, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

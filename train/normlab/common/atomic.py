@@ -1,11 +1,15 @@
-"""Atomic writes, the one module that makes them (the run directory's files through training/run_files.py, every
-command's outputs through common/outputs.py): a file replaced whole or not at all, a rename that never replaces
-what is at its target, and the permissions the user's umask gives."""
+"""Atomic writes, the one module that makes them (the run directory's files and checkpoints through
+training/run_files.py, which words their errors, every command's outputs through common/outputs.py): a file replaced
+whole or not at all, a second name given to a file in one act, a rename that never replaces what is at its target,
+and the permissions the user's umask gives."""
 
 import ctypes
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def fsync_directory(directory: Path) -> None:
@@ -16,21 +20,70 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """`path` holds either its old content or `data`, whatever happens: a temporary file beside it, fsync, rename.
-    An OSError leaves no temporary file behind (a kill may: `.<name>.tmp`, which the next write replaces). For the
-    files a writer owns whatever they hold: a run directory's, those of a staging folder."""
-    tmp = path.with_name(f".{path.name}.tmp")
+def fsync_file(path: Path) -> None:
+    """What was written to `path` (a file that a writer appends to) reaches the disk; nothing if there is no file."""
+    if path.is_file():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """`path` holding `data`, on disk when this returns; not atomic itself: for a temporary file renamed into place."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def temporary(path: Path) -> Path:
+    """Where a write of `path` puts the new content first: `.<name>.tmp` beside it."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def partial_writes(folder: Path) -> list[Path]:
+    """The temporary files in `folder` of writes that a kill cut short (an error leaves none)."""
+    return sorted(folder.glob(".*.tmp"))
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """A file to write `path`'s new content into, streamed: when the block ends, `path` holds either its old content
+    or all that was written, whatever happens (a temporary file beside it, fsync, rename). For the files a writer
+    owns whatever they hold: a run directory's, those of a staging folder."""
+    tmp = temporary(path)
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_directory(path.parent)
-    except OSError:
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """`path` holds either its old content or `data`, whatever happens (replacing)."""
+    with replacing(path) as f:
+        f.write(data)
+
+
+def link_over(source: Path, target: Path) -> None:
+    """`target` becomes a second name of the file `source` in one act (a hard link beside it renamed over it): at
+    every moment both exist. On a file system without hard links, `source` is renamed to `target`."""
+    tmp = temporary(target)
+    try:
+        tmp.unlink(missing_ok=True)
+        os.link(source, tmp)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        os.replace(source, target)
+    fsync_directory(target.parent)
 
 
 AT_FDCWD, RENAME_NOREPLACE = -100, 1  # <fcntl.h>, <stdio.h>

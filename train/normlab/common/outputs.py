@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from normlab.common.atomic import fsync_directory, readable_as_umask, rename_new, replace_file
+from normlab.common.atomic import fsync_directory, readable_as_umask, rename_new, replace_file, write_synced
 from normlab.common.errors import NormlabError
 
 CORPUS_MARKER = "meta.json"  # with a token file: a prepared corpus (normlab-prepare)
@@ -257,10 +257,7 @@ def write_output(out: Path, data: str | bytes, command: str, recognise: Callable
     tmp, aside, records = aside_path(out, "tmp"), aside_path(out, "old"), record_path(out, command)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, data)
         readable_as_umask(tmp)
         new = record(tmp, hashlib.sha256(data).hexdigest())
         earlier = kept_records(out, command)

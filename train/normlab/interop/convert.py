@@ -87,10 +87,11 @@ def layernorm_of(model: GPT, what: str = "the model") -> norms.LayerNorm:
     """The final LayerNorm of `model`, once every norm of it is checked to be one; `what` names the model in the
     error."""
     for site in norm_sites(model, "normlab"):
-        if isinstance(site.module, norms.RMSNorm):
+        traits = norms.traits(site.module)
+        if traits.centring_pair and not traits.centres:
             raise ConvertError(f"{what} is already an RMSNorm model: nothing to convert (normlab-convert turns a "
                                "LayerNorm model into an RMSNorm one)")
-        if not isinstance(site.module, norms.LayerNorm):
+        if not norms.is_layernorm(site.module):
             raise ConvertError(f"{what} has {type(site.module).__name__} norms: normlab-convert converts LayerNorm "
                                "models only")
     return model.ln_f
@@ -204,6 +205,7 @@ def hugging_face_source(path: Path) -> Source:
     dtype = str(dtype or "float32").removeprefix("torch.")
     hf_model = pretrained.load_hugging_face(path, dtype if dtype in loader.DTYPES else "float32")
     step, identity = pretrained.identity(path, model_type, config)
+    identity = pretrained.with_norm(identity, hf_model, model_type)
     stand_in = {"seed": identity["seed"], "model": {"name": identity["model"]}}
     return Source(from_gpt2(hf_model), stand_in, {}, step, path.resolve(), identity["norm"])
 

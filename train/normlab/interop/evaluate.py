@@ -275,7 +275,7 @@ def write_results(out: Path, rows: list[dict]) -> list[dict]:
 def wandb_settings(subject: Subject, wanted: bool) -> dict | None:
     """The wandb run of the subject's run directory (its config's logger.wandb, id from run_id), or None: not
     wanted, no run directory, trained without wandb, or WANDB_MODE=disabled."""
-    from normlab.common.paths import run_id
+    from normlab.common.run_identity import run_id
 
     mode = os.environ.get("WANDB_MODE", "offline")
     if not wanted or subject.run_dir is None or mode == "disabled":

@@ -1,10 +1,11 @@
 """normlab-export: a normlab checkpoint as a Hugging Face model directory, with GPT-2's tokenizer files beside it.
 
-A LayerNorm model (with or without bias; without, its biases are zeros) becomes transformers' GPT2LMHeadModel;
-an RMSNorm model (with or without bias) becomes NormlabRMSGPT2LMHeadModel (interop/hf_rmsnorm_gpt2.py, saved with
-it as custom code), a DyT model NormlabDyTGPT2LMHeadModel (interop/hf_dyt_gpt2.py, likewise). Each computes what the
-normlab model computes: pre-norm blocks, learned positions, tanh GELU (gelu_new), the same eps (DyT has none), the
-LM head tied or not as trained; nn.Linear weights become GPT-2's Conv1D (transposed).
+A LayerNorm model (with or without bias; without, its biases are zeros) becomes transformers' GPT2LMHeadModel; a
+model of any other norm (RMSNorm, DyT, a user's) becomes NormlabGPT2LMHeadModel, GPT-2 with the norm's own class,
+whose module's source is saved with it as custom code (interop/norm_code.py). Each computes what the normlab model
+computes: pre-norm blocks, learned positions, tanh GELU (gelu_new), the norm as trained, the LM head tied or not as
+trained; nn.Linear weights become GPT-2's Conv1D (transposed). (Directories exported earlier as normlab_rms_gpt2 and
+normlab_dyt_gpt2 still load: interop/hf_rmsnorm_gpt2.py, hf_dyt_gpt2.py.)
 The tokenizer (vocab.json, merges.txt, tokenizer.json) is rebuilt offline from the tiktoken ranks file normlab
 tokenizes with, so that it gives the ids the model was trained on. config.json carries `normlab`: the run, model,
 norm, seed and step that were exported.
@@ -21,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common import outputs
 from normlab.common.errors import NormlabError
 from normlab.data import tokenizer as gpt2
+from normlab.interop import norm_code
 from normlab.model import norms
 from normlab.training import loader
 
@@ -86,35 +88,32 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     weights = {hf_name(name): tensor.t().contiguous() if name.endswith(CONV1D_WEIGHTS) else tensor
                for name, tensor in model.state_dict().items()}
     for name, module in model.named_modules():
-        if isinstance(module, norms.LayerNorm) and module.bias is None:
+        if norms.is_layernorm(module) and module.bias is None:
             weights[hf_name(f"{name}.bias")] = torch.zeros_like(module.weight)
     return weights
 
 
-def hf_model(model: torch.nn.Module, metadata: dict):
-    """The Hugging Face model that computes what the normlab GPT `model` computes; `metadata` goes into its config
-    as `normlab`."""
+def hf_model(model: torch.nn.Module, metadata: dict, norm_args: dict | None = None):
+    """The Hugging Face model that computes what the normlab GPT `model` computes: transformers' GPT2LMHeadModel for
+    GPT-2's LayerNorm, else GPT-2 with the norm's own class (norm_code.py), built with `norm_args` (the run config's
+    norm.layer; None: read from the module). `metadata` goes into its config as `normlab`."""
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    from normlab.interop.hf_dyt_gpt2 import NormlabDyTGPT2Config, NormlabDyTGPT2LMHeadModel
-    from normlab.interop.hf_rmsnorm_gpt2 import NormlabRMSGPT2Config, NormlabRMSGPT2LMHeadModel
 
     c, norm = model.config, model.ln_f
     settings = dict(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
                     n_head=c.n_head, activation_function="gelu_new", resid_pdrop=c.dropout, embd_pdrop=c.dropout,
                     attn_pdrop=c.dropout, bos_token_id=gpt2.EOT, eos_token_id=gpt2.EOT,
                     tie_word_embeddings=c.tie_embeddings, normlab=metadata)
-    if isinstance(norm, norms.LayerNorm):
+    if norms.is_layernorm(norm):
         config, model_class = GPT2Config(layer_norm_epsilon=norm.eps, **settings), GPT2LMHeadModel
-    elif isinstance(norm, norms.RMSNorm):
-        config = NormlabRMSGPT2Config(norm_bias=norm.bias is not None, layer_norm_epsilon=norm.eps, **settings)
-        model_class = NormlabRMSGPT2LMHeadModel
-    elif isinstance(norm, norms.DyT):
-        config = NormlabDyTGPT2Config(norm_bias=norm.bias is not None, alpha_init=norm.alpha_init, **settings)
-        model_class = NormlabDyTGPT2LMHeadModel
-    else:
-        raise ExportError(f"cannot export a model whose norm is {type(norm).__name__}: normlab-export knows "
-                          "normlab's LayerNorm, RMSNorm and DyT")
+    else:  # GPT-2 with the norm's own class, its module carried as the directory's code
+        try:
+            code = norm_code.model_module(type(norm))
+            arguments = norm_code.norm_arguments(norm, norm_args)
+        except norm_code.NormCodeError as e:
+            raise ExportError(str(e)) from None
+        config = code.NormlabGPT2Config(norm_class=type(norm).__name__, norm_args=arguments, **settings)
+        model_class = code.NormlabGPT2LMHeadModel
     return model_class.from_pretrained(None, config=config, state_dict=hf_state_dict(model))
 
 
@@ -133,7 +132,8 @@ def hugging_face(
     memory (nothing is written)."""
     checkpoint = Path(checkpoint)
     model = loader.load_model(checkpoint)
-    converted = hf_model(model, metadata(checkpoint)).to(loader.DTYPES[dtype]).eval()
+    norm_args = loader.saved_config(loader.read_checkpoint(checkpoint))["norm"]["layer"]
+    converted = hf_model(model, metadata(checkpoint), norm_args).to(loader.DTYPES[dtype]).eval()
     return converted, gpt2_tokenizer(model.config.block_size)
 
 

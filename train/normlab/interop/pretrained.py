@@ -11,12 +11,9 @@ import torch
 from torch import nn
 
 from normlab.data import tokenizer as gpt2
-from normlab.probe.sites import LAYOUTS
+from normlab.probe.sites import LAYOUTS, norm_sites
 from normlab.probe.table import AnalysisError
 from normlab.training.loader import DTYPES
-
-# The norm of an architecture whose norm is not LayerNorm, for a directory that normlab-export did not write
-ARCHITECTURE_NORMS = {"llama": "rmsnorm", "normlab_rms_gpt2": "rmsnorm", "normlab_dyt_gpt2": "dyt"}
 
 
 @contextmanager
@@ -46,7 +43,15 @@ def model_config(path: Path):
     from normlab.interop import hf_dyt_gpt2, hf_rmsnorm_gpt2  # noqa: F401 (register normlab-export's model types)
 
     with loading(config_file):
-        return model_type, AutoConfig.from_pretrained(path)
+        return model_type, AutoConfig.from_pretrained(path, trust_remote_code=exported_code(model_type))
+
+
+def exported_code(model_type: str) -> bool:
+    """Whether a directory of `model_type` is loaded with its own code: normlab-export's GPT-2 of any norm but
+    LayerNorm carries the norm's module (interop/norm_code.py); every other type is transformers' or registered."""
+    from normlab.interop.norm_code import MODEL_TYPE
+
+    return model_type == MODEL_TYPE
 
 
 def context(config) -> tuple[int, str]:
@@ -57,14 +62,19 @@ def context(config) -> tuple[int, str]:
 
 def identity(path: Path, model_type: str, config) -> tuple[int, dict]:
     """The step and IDENTITY_COLUMNS of a model directory: those normlab-export recorded of the run it exported,
-    else the directory's name and the norm of its architecture."""
+    else the directory's name, and a norm named once the model is loaded (with_norm)."""
     exported = getattr(config, "normlab", None)  # what normlab-export records of the run it exported
     exported = exported if isinstance(exported, dict) else {}
     return exported.get("step", 0), {
-        "run": exported.get("run", path.resolve().name), "model": model_type,
-        "norm": exported.get("norm", ARCHITECTURE_NORMS.get(model_type, "layernorm")), "seed": exported.get("seed", ""),
-        "source": str(path.resolve()),
+        "run": exported.get("run", path.resolve().name), "model": model_type, "norm": exported.get("norm", ""),
+        "seed": exported.get("seed", ""), "source": str(path.resolve()),
     }
+
+
+def with_norm(identity: dict, model: nn.Module, layout: str) -> dict:
+    """`identity`, its norm named by the class of the model's norm layers where normlab-export recorded none
+    (LayerNorm for GPT-2, LlamaRMSNorm for Llama...)."""
+    return identity if identity["norm"] else {**identity, "norm": type(norm_sites(model, layout)[0].module).__name__}
 
 
 def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
@@ -73,8 +83,10 @@ def load_hugging_face(path: Path, dtype: str = "float32") -> nn.Module:
 
     from normlab.interop import hf_dyt_gpt2, hf_rmsnorm_gpt2  # noqa: F401 (register normlab-export's model types)
 
-    with loading(f"the model in {path}"):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])  # raw weights: nothing folded
+    model_type = json.loads((path / "config.json").read_bytes()).get("model_type")
+    with loading(f"the model in {path}"):  # raw weights: nothing folded
+        return AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype],
+                                                    trust_remote_code=exported_code(model_type))
 
 
 def hf_windows(path: Path, probe: torch.Tensor, vocab_size: int, seq_len: int) -> tuple[torch.Tensor, int]:

@@ -2,8 +2,8 @@
 
     f = N1(h);  a = Att(f);  g = N2(h + a);  m = MLP(g);  h' = h + a + m
 
-with a final norm N_f before the LM head. N is LayerNorm, RMSNorm or DyT (train/normlab/model/norms.py), passed in
-as a factory; nothing else in the model depends on it.
+with a final norm N_f before the LM head. N is LayerNorm, RMSNorm, DyT (train/normlab/model/norms.py) or a norm of
+the user's, passed in as a factory; nothing else in the model depends on it.
 """
 
 import hashlib
@@ -17,7 +17,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from normlab.common.errors import ConfigError
-from normlab.model.norms import Norm
 
 NormFactory = Callable[[int], nn.Module]
 
@@ -88,7 +87,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig, norm: NormFactory):
         super().__init__()
-        self.config = config
+        self.config, self.norm_factory = config, norm
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
@@ -122,11 +121,13 @@ class GPT(nn.Module):
         """GPT-2 initialisation in which every matrix draws from its own generator, seeded by
         (seed, parameter name). Identical names get identical values whatever the norm layers are,
         so LN, RMS and DyT models built with the same seed share every non-norm parameter exactly. The norms set their
-        own parameters, drawing nothing (gains 1, biases 0, DyT's alpha its initial value)."""
+        own parameters, drawing nothing (gains 1, biases 0, DyT's alpha its initial value): by their
+        reset_parameters(), else as their constructor left them (a user's plain module)."""
         proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        norms = [m for m in self.modules() if isinstance(m, Norm)]
+        norms = [*(norm for block in self.blocks for norm in (block.ln_1, block.ln_2)), self.ln_f]
         for norm in norms:
-            norm.reset_parameters()
+            if hasattr(norm, "reset_parameters"):
+                norm.reset_parameters()
         of_norms = {id(p) for norm in norms for p in norm.parameters()}
         for name, p in self.named_parameters():
             if id(p) in of_norms:

@@ -1,4 +1,5 @@
-"""The norm layers: the only place where the LN, RMS and DyT models differ.
+"""The norm layers: the only place where the LN, RMS and DyT models differ, and the one place that says what a norm
+is.
 
 LayerNorm(x) = RMSNorm(x - mean(x) 1) * gamma + beta: LayerNorm removes the component of x along the
 uniform vector 1 before rescaling; RMSNorm only rescales. Both use the same eps. Bias: LayerNorm keeps
@@ -10,18 +11,41 @@ at 0), so swapping one for the other leaves the random initialisation of every o
 DyT (Dynamic Tanh, Zhu et al. 2025, "Transformers without Normalization") is the third arm: no statistic of x at
 all, gamma * tanh(alpha x) + beta, with one learnable scalar alpha per layer that starts at alpha_init (the paper's
 default 0.5). It draws no random numbers either.
+
+What normlab asks of any norm layer, normlab's or a user's, is answered here and nowhere else:
+- `traits(module)`: whether it removes the component along 1 (`centres`), whether it divides its input by a
+  statistic of it (`normalizes`), whether it has a bias (read from the module), and whether the report's centring x
+  bias 2x2 pairs it with the other norms that say so (`centring_pair`: LayerNorm and RMSNorm, which differ only in
+  the centring). A class says the first, second and fourth with the class attributes of `Norm`; a plain
+  `nn.Module(dim, **args)` of the user's gets their defaults (no centring, normalizing, not paired).
+- `without_centring(module, x)`: a centring norm's output with its centring skipped (the ablation's "uncentred");
+  any other norm is ablated by centring its input, which needs nothing of the norm.
+- `saved_per_token(norm_factory, width)`: what autograd keeps of the norm per token beside its input, measured on a
+  small forward with saved-tensor hooks (the resource plan's count).
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.model.fused_rmsnorm import rms_norm
+# An exported model carries this module as its code (interop/norm_code.py): outside normlab, torch's rms_norm
+try:
+    from normlab.model.fused_rmsnorm import rms_norm
+except ImportError:
+
+    def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.rms_norm(x, weight.shape, weight, eps)
 
 
 class Norm(nn.Module):
     """A norm layer: a gain `weight` (and a `bias`) over the last dimension, set by reset_parameters without random
-    draws (GPT.init_weights calls it)."""
+    draws (GPT.init_weights calls it). Subclasses say what they are with the class attributes."""
+
+    centres = False  # removes the component of its input along 1 before anything else
+    normalizes = True  # divides its input by a statistic of it (False: a point-wise map in a norm's place, DyT)
+    centring_pair = False  # a member of the 2x2 that differs only in the centring and the bias (LayerNorm, RMSNorm)
 
     def __init__(self, dim: int, bias: bool):
         super().__init__()
@@ -36,6 +60,8 @@ class Norm(nn.Module):
 
 
 class LayerNorm(Norm):
+    centres, centring_pair = True, True
+
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = True):
         super().__init__(dim, bias)
         self.eps = eps
@@ -48,6 +74,8 @@ class LayerNorm(Norm):
 
 
 class RMSNorm(Norm):
+    centring_pair = True
+
     def __init__(self, dim: int, eps: float = 1e-5, bias: bool = False):
         super().__init__(dim, bias)
         self.eps = eps
@@ -61,6 +89,8 @@ class RMSNorm(Norm):
 
 
 class DyT(Norm):
+    normalizes = False
+
     def __init__(self, dim: int, alpha_init: float = 0.5, bias: bool = True):
         super().__init__(dim, bias)
         self.alpha_init = alpha_init
@@ -77,3 +107,79 @@ class DyT(Norm):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, alpha_init={self.alpha_init}, bias={self.bias is not None}"
+
+
+# -- what a norm is, for any norm layer
+
+
+@dataclass(frozen=True)
+class Traits:
+    centres: bool
+    normalizes: bool
+    bias: bool
+    centring_pair: bool
+
+
+def is_torch_layernorm(module: nn.Module) -> bool:
+    """torch's own LayerNorm over the last dimension: the norm of Hugging Face's GPT-2, GPT-NeoX and GPT-J."""
+    return isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1
+
+
+def is_layernorm(module: nn.Module) -> bool:
+    """Whether `module` computes LayerNorm's formula exactly (normlab's or torch's): what normlab-convert turns into
+    an RMSNorm of the same gain, bias and eps, and what exports as GPT-2's own LayerNorm."""
+    return type(module) is LayerNorm or is_torch_layernorm(module)
+
+
+def traits(module: nn.Module) -> Traits:
+    """What the norm layer `module` is (see the module's docstring); its class attributes, else their defaults."""
+    centres = getattr(type(module), "centres", is_torch_layernorm(module))
+    return Traits(
+        centres=bool(centres),
+        normalizes=bool(getattr(type(module), "normalizes", True)),
+        bias=getattr(module, "bias", None) is not None,
+        centring_pair=bool(getattr(type(module), "centring_pair", is_torch_layernorm(module))),
+    )
+
+
+def can_skip_centring(module: nn.Module) -> bool:
+    """Whether without_centring knows the norm's output with its centring skipped: a LayerNorm's (normlab's or
+    torch's), or a centring norm's own `without_centring(x)`."""
+    return hasattr(module, "without_centring") or is_layernorm(module)
+
+
+def without_centring(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A centring norm's output on `x` with its mean subtraction skipped, in float32: x / sqrt(mean(x^2) + eps) *
+    gamma + beta for a LayerNorm (normlab's or torch's); a centring norm of another form provides its own
+    `without_centring(x)`."""
+    if hasattr(module, "without_centring"):
+        return module.without_centring(x)
+    with torch.autocast(x.device.type, enabled=False):
+        x = x.float()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps)
+        if module.weight is not None:
+            y = y * module.weight.float()
+        if module.bias is not None:
+            y = y + module.bias.float()
+    return y
+
+
+def saved_per_token(norm_factory, width: int, tokens: int = 4) -> int:
+    """The float32 values that autograd keeps per token for the backward of a norm layer (`norm_factory(width)`)
+    beside its input and its parameters: measured on a forward of a new layer on the CPU in float32, with saved-tensor
+    hooks (LayerNorm: its mean and rstd, 2; RMSNorm: rstd, 1; DyT: tanh(alpha x), its width)."""
+    with torch.device("cpu"):  # whatever device the caller builds on (the meta device, for a plan)
+        layer = norm_factory(width).float()
+        x = torch.randn(tokens, width, requires_grad=True)
+    known = {x.untyped_storage().data_ptr(), *(p.untyped_storage().data_ptr() for p in layer.parameters())}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in known:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(x)
+    return round(sum(saved.values()) / 4 / tokens)

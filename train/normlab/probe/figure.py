@@ -1,28 +1,34 @@
 """The per-layer angle figure (the angle to 1 at the norms' inputs and outputs, every norm overlaid, with each run's
 mean beside the runs' mean and the null each mean angle is compared with) and the drawing conventions the report's
-other figures share: colours per norm, markers per norm or per seed, one tick per norm site, null bands that never
-blend, one legend below the panels, titles that name the step, PDF and PNG at print resolution. Training's angle
-callback draws the per-layer figure for each probe, the report for each group of runs and pretrained model."""
+other figures share: a colour and marker per norm (norm_styles), markers per seed, one tick per norm site, null
+bands that never blend, one legend below the panels, titles that name the step, PDF and PNG at print resolution.
+Training's angle callback draws the per-layer figure for each probe, the report for each group of runs and pretrained
+model."""
 
+import functools
+import hashlib
 import logging
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
-from matplotlib.colors import to_rgba
+from matplotlib.colors import is_color_like, to_rgba
 from matplotlib.figure import Figure
+from matplotlib.markers import MarkerStyle
+from omegaconf import OmegaConf
 
+from normlab.common.paths import CONF_DIR
 from normlab.probe.profiles import Point, profile, runs_text, site_sort, site_tick
 
 matplotlib.use("Agg")  # files only, no display (no figure exists yet, so switching after pyplot's import is allowed)
 logging.getLogger("fontTools").setLevel(logging.WARNING)  # its font subsetting for the PDF files says every step
 
 DPI = 300  # print resolution of the PNG files (the PDF files are vector graphics)
-NORM_COLORS = {"layernorm": "tab:blue", "rmsnorm": "tab:red", "layernorm_nobias": "tab:purple",
-               "rmsnorm_bias": "tab:orange", "dyt": "tab:green"}
-OTHER_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")  # none of NORM_COLORS'
-NORM_MARKERS = {"layernorm": "o", "rmsnorm": "s", "layernorm_nobias": "^", "rmsnorm_bias": "D", "dyt": "v"}
+# A norm without a style of its own draws from these (none is one that conf/norm/*.yaml gives a norm)
+PALETTE = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray", "navy", "teal", "goldenrod")
+MARKERS = ("P", "X", "h", "*", "p", "<", ">", "d")
 SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")  # the k-th seed of a norm
 SEED_LINES = ("-", "--", ":", "-.")
 HATCHES = ("////", "\\\\\\\\", "||||", "----")  # the k-th norm's null band: crossing, never one blended colour
@@ -34,10 +40,57 @@ class AngleSeries:
     model."""
     norm: str
     angles: list[list[dict]]  # per run
+    style: dict | None = field(default=None, kw_only=True)  # the norm's `style` of its config (color, marker)
 
 
-def norm_color(norm: str, norms: list[str]) -> str:
-    return NORM_COLORS.get(norm) or OTHER_COLORS[norms.index(norm) % len(OTHER_COLORS)]
+@dataclass(frozen=True)
+class Style:
+    color: str
+    marker: str
+
+
+@functools.cache
+def configured_style(norm: str) -> dict:
+    """The `style` of conf/norm/<norm>.yaml, for a norm whose own config does not give one (a run written before
+    styles, a pretrained model's CSV, training's angle figure): {} where there is none."""
+    path = CONF_DIR / "norm" / f"{norm}.yaml"
+    if not re.fullmatch(r"[\w.-]+", norm) or not path.is_file():
+        return {}
+    return OmegaConf.to_container(OmegaConf.load(path)).get("style") or {}
+
+
+def known_marker(marker) -> bool:
+    """Whether matplotlib draws `marker` (None, which it takes for no marker, is none given)."""
+    try:
+        MarkerStyle(marker)
+    except (ValueError, TypeError):
+        return False
+    return marker is not None
+
+
+def preference(norm: str, options: tuple, what: str) -> list:
+    """`options` from a place that a hash of the norm's name picks: the same order in every figure and report."""
+    start = int(hashlib.sha256(f"{what} {norm}".encode()).hexdigest(), 16) % len(options)
+    return list(options[start:] + options[:start])
+
+
+def norm_styles(series: list[AngleSeries]) -> dict[str, Style]:
+    """The colour and marker of each norm of a figure: the ones its config gives (norm.style, which the run's
+    config.yaml records; else conf/norm/<name>.yaml's), else the first of PALETTE and MARKERS in an order drawn from
+    its name; either way the first that no other norm of the figure holds (norms with a style first, then by name),
+    so that a norm keeps its style in every figure and two norms of one figure never share one."""
+    given = {s.norm: s.style or configured_style(s.norm) for s in series}
+    styles, colors, markers = {}, set(), set()
+    for norm in sorted(given, key=lambda n: (not given[n], n)):
+        own_color, own_marker = given[norm].get("color"), given[norm].get("marker")
+        color_choices = ([own_color] if is_color_like(own_color) else []) + preference(norm, PALETTE, "color")
+        marker_choices = ([own_marker] if known_marker(own_marker) else []) + preference(norm, MARKERS, "marker")
+        color = next((c for c in color_choices if c not in colors), color_choices[0])
+        marker = next((m for m in marker_choices if m not in markers), marker_choices[0])
+        styles[norm] = Style(color, marker)
+        colors.add(color)
+        markers.add(marker)
+    return styles
 
 
 def save(fig: Figure | None, out: Path, name: str) -> str | None:
@@ -107,7 +160,7 @@ def angles_by_layer_figure(title: str, series: list[AngleSeries]) -> Figure | No
     """The paper's per-layer figure at a checkpoint: the angle to 1 at the norms' inputs and outputs, every norm
     overlaid: the runs' mean (error bars: the std over tokens, averaged over the runs) and, for several runs, each
     run's own mean beside it (small open markers: the spread across seeds); None without angle rows."""
-    norms = [s.norm for s in series]
+    styles = norm_styles(series)
     profiles = {(s.norm, io): profile(s.angles, io, "uniform") for s in series for io in ("input", "output")}
     keys = sorted({k for p in profiles.values() for k in p}, key=site_sort)
     if not keys:
@@ -116,17 +169,17 @@ def angles_by_layer_figure(title: str, series: list[AngleSeries]) -> Figure | No
     beside = 0.4 * slot_width(len(series))  # each run's mean, right of the runs' mean
     for ax, (io, io_label) in zip(axes, (("input", "norm inputs"), ("output", "norm outputs (affine included)"))):
         for i, (s, dx) in enumerate(zip(series, offsets(len(series)))):
-            points, color = profiles[(s.norm, io)], norm_color(s.norm, norms)
+            points, color, marker = profiles[(s.norm, io)], styles[s.norm].color, styles[s.norm].marker
             xs = [keys.index(k) for k in points]
             null_bands(ax, xs, list(points.values()), color, s.norm, hatch=HATCHES[i % len(HATCHES)])
             ax.errorbar([x + dx for x in xs], [p.mean for p in points.values()],
-                        yerr=[p.token_sd for p in points.values()], fmt=NORM_MARKERS.get(s.norm, "o"), ms=3,
+                        yerr=[p.token_sd for p in points.values()], marker=marker, ls="none", ms=3,
                         capsize=1.5, lw=0.8, color=color,
                         label=f"{s.norm}: mean of {runs_text(len(s.angles))}, bars ± std over tokens")
             if len(s.angles) > 1:
                 per_run = [profile([rows], io, "uniform") for rows in s.angles]
                 runs = [(keys.index(k) + dx + beside, p.mean) for run in per_run for k, p in run.items()]
-                ax.plot(*zip(*runs), NORM_MARKERS.get(s.norm, "o"), ms=2.2, mfc="none", mew=0.6, ls="none",
+                ax.plot(*zip(*runs), marker=marker, ms=2.2, mfc="none", mew=0.6, ls="none",
                         color=color, label=f"{s.norm}: each run's (seed's) mean")
         ax.set_title(f"angle to 1 at the {io_label}")
         site_axis(ax, keys)

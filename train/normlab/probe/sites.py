@@ -26,6 +26,7 @@ LAYOUTS = {
     "gpt_neox": ("gpt_neox.layers", "input_layernorm", "post_attention_layernorm", "gpt_neox.final_layer_norm"),
     "llama": ("model.layers", "input_layernorm", "post_attention_layernorm", "model.norm"),
     "normlab_dyt_gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),  # normlab-export's DyT GPT-2
+    "normlab_gpt2": ("transformer.h", "ln_1", "ln_2", "transformer.ln_f"),  # normlab-export's GPT-2 of any other norm
 }
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from normlab.common import outputs
 from normlab.data.corpus import draw_windows
+from normlab.interop import pretrained
 from normlab.model import norms
 from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.table import AnalysisError, run_identity
@@ -40,24 +41,18 @@ CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer"
                "share_along_1", "d")
 UNIT_COLUMNS = ("resampling_unit", "resampling_units")  # the interval's unit ("blocks of 4096 tokens") and count
 EARLIER_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in UNIT_COLUMNS)  # ablation.csv before the unit was written
-ABLATIONS = {"layernorm": "uncentred", "rmsnorm": "centred", "dyt": "centred"}  # what is done to each kind
 LEVEL = 0.95  # of the bootstrap interval
 
 
-def norm_kind(site: NormSite) -> str:
-    """layernorm, rmsnorm or dyt, from the module's class: a bias says nothing (normlab has LayerNorm without one and
-    RMSNorm with one), and the uncentred LayerNorm is recomputed from eps, weight and bias, so only classes whose
-    forward is known qualify."""
-    module = site.module
-    if isinstance(module, norms.LayerNorm) or (isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1):
-        return "layernorm"
-    # Llama's LlamaRMSNorm: the ablation only centres its input, so its internals do not matter
-    if isinstance(module, (norms.RMSNorm, nn.RMSNorm)) or type(module).__name__.endswith("RMSNorm"):
-        return "rmsnorm"
-    if isinstance(module, norms.DyT) or type(module).__name__ == "DyT":  # an exported DyT model's too
-        return "dyt"
-    raise AnalysisError(f"cannot ablate {site_name(site)}: {type(module).__name__} is neither a LayerNorm over "
-                        "the last dimension, an RMSNorm nor a DyT")
+def ablation(site: NormSite) -> str:
+    """What is done to the norm at `site` (models.norms.traits): "uncentred", a centring norm's centring skipped; or
+    "centred", the input of any other norm centred."""
+    if not norms.traits(site.module).centres:
+        return "centred"
+    if not norms.can_skip_centring(site.module):
+        raise AnalysisError(f"cannot ablate {site_name(site)}: {type(site.module).__name__} says it centres its input "
+                            "but has no without_centring(x) giving its output without the centring: add that method")
+    return "uncentred"
 
 
 def site_name(site: NormSite) -> str:
@@ -65,20 +60,12 @@ def site_name(site: NormSite) -> str:
 
 
 def uncentred(module: nn.Module, args, output):
-    """Forward hook: LayerNorm's output without its mean subtraction, x / sqrt(mean(x^2) + eps) * gamma + beta."""
-    x = args[0]
-    with torch.autocast(x.device.type, enabled=False):
-        x = x.float()
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps)
-        if module.weight is not None:
-            y = y * module.weight.float()
-        if module.bias is not None:
-            y = y + module.bias.float()
-    return y.to(output.dtype)
+    """Forward hook: the norm's output with its centring skipped (norms.without_centring)."""
+    return norms.without_centring(module, args[0]).to(output.dtype)
 
 
 def centring(module: nn.Module, args):
-    """Forward pre-hook: the RMSNorm's (or DyT's) input with its mean removed, x - mean(x) 1."""
+    """Forward pre-hook: the norm's input with its mean removed, x - mean(x) 1."""
     x, *rest = args
     with torch.autocast(x.device.type, enabled=False):
         centred = x.float() - x.float().mean(-1, keepdim=True)
@@ -86,8 +73,8 @@ def centring(module: nn.Module, args):
 
 
 def ablate(stack: ExitStack, site: NormSite, kind: str) -> None:
-    """Ablate `site` until `stack` closes."""
-    if kind == "layernorm":
+    """Ablate `site` (`kind`: its ablation) until `stack` closes."""
+    if kind == "uncentred":
         stack.enter_context(site.module.register_forward_hook(uncentred))
     else:
         stack.enter_context(site.module.register_forward_pre_hook(centring))
@@ -129,7 +116,7 @@ def window_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def measure(forward: Callable, sites: list[NormSite], batches, progress=None) -> tuple[torch.Tensor, ShareAlong1]:
     """Per window, the loss as trained and with each ablation in turn (each site alone, then all at once):
     [1 + len(sites) + 1, windows] float64; and the share along 1 at each site, as trained."""
-    kinds = [norm_kind(s) for s in sites]
+    kinds = [ablation(s) for s in sites]
     ablations = [[i] for i in range(len(sites))] + [list(range(len(sites)))]
     share = ShareAlong1(sites)
     losses = [[] for _ in range(1 + len(ablations))]
@@ -137,9 +124,9 @@ def measure(forward: Callable, sites: list[NormSite], batches, progress=None) ->
         with ExitStack() as stack:
             share.hooks(stack)
             losses[0].append(window_losses(forward(ids), ids).cpu())
-        for row, ablation in zip(losses[1:], ablations):
+        for row, ablated in zip(losses[1:], ablations):
             with ExitStack() as stack:
-                for i in ablation:
+                for i in ablated:
                     ablate(stack, sites[i], kinds[i])
                 row.append(window_losses(forward(ids), ids).cpu())
         if progress is not None:
@@ -180,10 +167,10 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
     that name the model (run, model, norm, seed, step, source). The intervals resample `blocks` [n] (each window's
     block, named `unit` in the CSV), or each window alone when None."""
     sites = norm_sites(model, layout)
-    kinds = {norm_kind(s) for s in sites}
+    kinds = {ablation(s) for s in sites}
     if len(kinds) > 1:
-        raise AnalysisError(f"the norms of this model are of two kinds ({', '.join(sorted(kinds))}): ablate a model "
-                            "with LayerNorms only or RMSNorms only")
+        raise AnalysisError("some norms of this model centre their input and some do not: ablate a model whose norms "
+                            "all centre (LayerNorm) or none do")
     (kind,) = kinds
     model = model.to(device).eval()
     batches = [b.to(device) for b in windows.split(batch_size)]
@@ -197,7 +184,7 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
     shares = share.shares()
     shares = torch.cat([shares, shares.mean()[None]])  # "all": the mean over sites
     return [
-        {"site": name, "layer": layer, "role": role, "ablation": ABLATIONS[kind], "windows": n,
+        {"site": name, "layer": layer, "role": role, "ablation": kind, "windows": n,
          "tokens": n * (seq_len - 1), "loss": losses[0].mean().item(), "ablated_loss": losses[1 + i].mean().item(),
          "delta": deltas[i].mean().item(), "ci_low": low[i].item(), "ci_high": high[i].item(),
          "resampling_unit": unit, "resampling_units": units, "share_along_1": shares[i].item(), "d": share.d}
@@ -335,7 +322,7 @@ def main(cfg: DictConfig) -> None:
 
     keep_freed_memory()  # as normlab-train does: each forward allocates the same large logits again
     model = subject.load()
-    names = subject.names
+    names = pretrained.with_norm(subject.names, model, subject.layout)
     rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,
                          device, desc=f"{names['run']} step {names['step']}",
                          blocks=subject.starts // cfg.block_tokens, unit=f"blocks of {cfg.block_tokens} tokens")

@@ -163,7 +163,7 @@ def measure_analysis(analysis: Analysis, device: str, batch_size: int, null_dire
         progress = tqdm(batches, desc=f"{analysis.path.name} step {step}", unit="batch")
         stats = measure(forward, norm_sites(model, analysis.layout), d, progress, device, null_directions,
                         analysis.separator)
-        records += stats.records(step, identity)
+        records += stats.records(step, pretrained.with_norm(identity, model, analysis.layout))
         del model, forward
     return records
 

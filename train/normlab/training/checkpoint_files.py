@@ -6,13 +6,13 @@ which writes through write_checkpoint, is in run_dir.py)."""
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from normlab.common.atomic import replacing
 from normlab.common.errors import ConfigError
 from normlab.training.run_files import RunDirError, warn, write_atomically, write_error
 
@@ -33,26 +33,25 @@ def checkpoint_steps(max_steps: int, every: int, dense_until: int, sparse_every:
 class CheckpointSchedule:
     """Which checkpoints a run saves in `folder`, after the validation that follows an optimizer step: the scheduled
     `step-NNNNNNN.ckpt` of checkpoint_steps, the final step among them (model weights and config, or the full state
-    with contents="full"),
-    and last.ckpt after every validation. Arguments as callbacks.scheduled_checkpoints in the config."""
+    with scheduled="full"), and last.ckpt after every validation. The arguments after val_check_interval are the
+    settings of `checkpoints` in the config (training/checks.py checks its keys against them)."""
 
-    def __init__(self, folder: Path, every: int, dense_until: int, sparse_every: int, max_steps: int,
-                 val_check_interval: int, extra_steps=(), contents: str = "weights"):
+    def __init__(self, folder: Path, max_steps: int, val_check_interval: int, every: int, dense_until: int,
+                 sparse_every: int, scheduled: str = "weights", extra_steps=()):
         for name, value in (("every", every), ("dense_until", dense_until), ("sparse_every", sparse_every)):
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"callbacks.scheduled_checkpoints.{name}={value}: give a positive number of steps")
-        if contents not in ("weights", "full"):
-            raise ConfigError(f"callbacks.scheduled_checkpoints.scheduled={contents}: choose weights or full")
+                raise ConfigError(f"checkpoints.{name}={value}: give a positive number of steps")
+        if scheduled not in ("weights", "full"):
+            raise ConfigError(f"checkpoints.scheduled={scheduled}: choose weights or full")
         self.steps = set(checkpoint_steps(max_steps, every, dense_until, sparse_every, extra_steps))
         off = sorted(s for s in self.steps if s % val_check_interval)  # max_steps among them
         if off:
             raise ConfigError(
                 f"checkpoint step {off[0]} is not a validation step (trainer.val_check_interval="
-                f"{val_check_interval}): make trainer.max_steps and the callbacks.scheduled_checkpoints "
-                "steps multiples of it"
+                f"{val_check_interval}): make trainer.max_steps and the checkpoints steps multiples of it"
             )
         self.folder, self.max_steps, self.val_check_interval = folder, max_steps, val_check_interval
-        self.weights_only = contents == "weights"
+        self.weights_only = scheduled == "weights"
 
     def path(self, step: int) -> Path:
         """The scheduled checkpoint of `step`."""
@@ -102,24 +101,20 @@ class HashingWriter:
 
 
 def write_checkpoint(checkpoint: dict, path: Path) -> Record:
-    """torch.save `checkpoint` to `path` atomically, then its digest file beside it."""
+    """torch.save `checkpoint` to `path` atomically (common/atomic.py), then its digest file beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp, writer = path.with_name(f".{path.name}.tmp"), None
+    writer = None
     try:
-        with open(tmp, "wb") as f:
+        with replacing(path) as f:
             writer = HashingWriter(f)
             torch.save(checkpoint, writer)
-            f.flush()
-            os.fsync(f.fileno())
-        record = Record(writer.sha256.hexdigest(), tmp.stat().st_size, checkpoint["global_step"],
-                        "full" if "optimizer_states" in checkpoint else "weights")
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
         error = writer.error if writer and writer.error else e
         if not isinstance(error, OSError):
             raise
         raise write_error(path, error) from None
+    record = Record(writer.sha256.hexdigest(), path.stat().st_size, checkpoint["global_step"],
+                    "full" if "optimizer_states" in checkpoint else "weights")
     write_atomically(digest_path(path), (json.dumps(record.__dict__) + "\n").encode())
     return record
 

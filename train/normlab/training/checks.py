@@ -15,7 +15,6 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common.errors import ConfigError
 
 SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
-MODEL_KEYS = {"name", "lr"}  # model preset keys besides GPTConfig's fields: its name and its peak learning rate
 
 
 def is_int(value) -> bool:
@@ -138,7 +137,7 @@ OPTIMIZER_RANGES = {
 def check_optimizer(optimizer: DictConfig) -> None:
     lr = optimizer.get("lr")
     if not is_number(lr) or not lr > 0:
-        raise ConfigError(f"optimizer.lr={lr} (model.lr): give a positive learning rate")
+        raise ConfigError(f"optimizer.lr={lr}: give a positive learning rate")
     values = check_arguments("optimizer", optimizer)
     for key, (in_range, what) in OPTIMIZER_RANGES.items():
         value = values.get(key)
@@ -188,6 +187,35 @@ def finite(name: str, value) -> None:
         raise ConfigError(f"{name}={value}: give a finite number")
 
 
+def model_settings(model: DictConfig) -> dict:
+    """GPTConfig's arguments in a model preset: its keys but `name` (the preset's), each a field of GPTConfig; any
+    other key is refused."""
+    from normlab.model.gpt import GPTConfig
+
+    unknown_keys("model", model, {"name", *(f.name for f in dataclasses.fields(GPTConfig))})
+    return {k: v for k, v in model.items() if k != "name"}
+
+
+def check_checkpoints(cfg: DictConfig) -> None:
+    """`checkpoints` configures the run directory, which no run goes without: it cannot be removed, and takes
+    CheckpointSchedule's settings (those train() does not fill in from run_dir and trainer), of their types."""
+    from normlab.training.checkpoint_files import CheckpointSchedule
+
+    if not isinstance(cfg.get("checkpoints"), DictConfig):
+        raise ConfigError("checkpoints cannot be removed: it configures the run directory (its checkpoints, "
+                          "resuming); set checkpoints.every, dense_until, sparse_every or scheduled instead")
+    if "scheduled_checkpoints" in (cfg.get("callbacks") or {}):  # a config file of before the move (common/moved.py)
+        raise ConfigError("callbacks.scheduled_checkpoints is now checkpoints (every, dense_until, sparse_every, "
+                          "scheduled): rename it in your config file")
+    filled_in = ("folder", "max_steps", "val_check_interval")
+    parameters = {k: p for k, p in signature(CheckpointSchedule).parameters.items() if k not in filled_in}
+    unknown_keys("checkpoints", cfg.checkpoints, set(parameters))
+    if missing := [k for k, p in parameters.items() if p.default is p.empty and k not in cfg.checkpoints]:
+        raise ConfigError(f"checkpoints.{missing[0]} is missing: give a number of steps")
+    for key, value in OmegaConf.to_container(cfg.checkpoints, resolve=True).items():
+        check_type(f"checkpoints.{key}", value, parameters[key])
+
+
 def check_slurm_tasks(devices) -> None:
     """Under a Slurm batch job, one task per device: Lightning starts no processes of its own there."""
     tasks = os.environ.get("SLURM_NTASKS_PER_NODE")
@@ -198,10 +226,9 @@ def check_slurm_tasks(devices) -> None:
 
 
 def check_train_config(cfg: DictConfig) -> None:
-    from normlab.model.gpt import GPTConfig
-
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
+    check_checkpoints(cfg)  # first: the angles callback interpolates them
     if not is_int(cfg.seed) or not 0 <= cfg.seed < 2**32:
         raise ConfigError(f"seed={cfg.seed}: give a whole number from 0 to 2**32 - 1")
     finite("", OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True))
@@ -226,15 +253,12 @@ def check_train_config(cfg: DictConfig) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"trainer.accelerator={cfg.trainer.accelerator} but this machine has no GPU that torch "
                               "can use: train on the CPU here (trainer=default, or trainer.accelerator=cpu)")
-    unknown_keys("model", cfg.model, {f.name for f in dataclasses.fields(GPTConfig)} | MODEL_KEYS)
+    model_settings(cfg.model)
     objects = {"data": cfg.data, "trainer": cfg.trainer, "norm.layer": cfg.norm.layer}
     if isinstance(cfg.trainer.strategy, DictConfig):
         objects["trainer.strategy"] = cfg.trainer.strategy
-    objects.update({f"callbacks.{k}": v for k, v in cfg.callbacks.items()})
+    objects.update({f"callbacks.{k}": v for k, v in (cfg.get("callbacks") or {}).items()})
     objects.update({f"logger.{k}": v for k, v in cfg.logger.items()})
     for name, node in objects.items():
         if node is not None and "_target_" in node:
             check_arguments(name, node)
-    for key in ("bias", "centred", "normalizes"):  # what the report pairs and compares runs by
-        if key in cfg.norm and not isinstance(cfg.norm[key], bool):
-            raise ConfigError(f"norm.{key}={shown(cfg.norm[key])}: give true or false")

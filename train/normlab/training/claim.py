@@ -169,6 +169,8 @@ class Claim:
             return
 
     def update(self, record: dict) -> None:
+        # Rewritten in place, not replaced (common/atomic.py): the lock belongs to this open file, which a new file
+        # would not hold; a torn record reads as none (claim_record), and the lock still tells whether it is held
         data = json.dumps(record).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)

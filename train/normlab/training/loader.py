@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from normlab.common.errors import NormlabError
-from normlab.common.paths import current_targets
+from normlab.common.moved import current_config
 from normlab.training.checkpoint_files import chosen_checkpoint, read_checkpoint
 from normlab.training.claim import describe, training_holder
 from normlab.training.pipeline import build_model
@@ -64,9 +64,9 @@ def chosen(path: Path, error: type[NormlabError], accepts: str = ACCEPTS,
 
 
 def saved_config(checkpoint: dict) -> dict:
-    """The run config a checkpoint (full or weights only) carries, as plain containers, its moved `_target_`s
-    named by their place now."""
-    return current_targets(OmegaConf.to_container(OmegaConf.create(checkpoint["hyper_parameters"]["config"])))
+    """The run config a checkpoint (full or weights only) carries, as plain containers, what moved since it was
+    written at its place now (common.moved.current_config)."""
+    return current_config(OmegaConf.to_container(OmegaConf.create(checkpoint["hyper_parameters"]["config"])))
 
 
 def load_model(path: Path, dtype: str = "float32") -> nn.Module:

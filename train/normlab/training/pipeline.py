@@ -1,10 +1,9 @@
-"""What every entry point builds from a composed config: the model, the LightningModule, the data module, the
-callbacks and the Trainer, and `train(cfg)`, which trains a run with them (normlab-train is a thin Hydra main over
-it; normlab-angles, the report, the benchmark and the tests build with the same functions). The data path:
-conf -> train(cfg) -> data module, model, callbacks, loggers -> Lightning Trainer. Torch and Lightning are imported
-where they are used, so that a bad command line is answered in a second."""
+"""What every entry point builds from a composed config: the model, the LightningModule, the data module, the run
+directory, the callbacks and the Trainer, and `train(cfg)`, which trains a run with them (normlab-train is a thin
+Hydra main over it; normlab-angles, the report, the benchmark and the tests build with the same functions). The data
+path: conf -> train(cfg) -> data module, model, run directory, callbacks, loggers -> Lightning Trainer. Torch and
+Lightning are imported where they are used, so that a bad command line is answered in a second."""
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError, Interrupted, NormlabError, process_rank, received
+from normlab.training.checks import check_train_config, model_settings
 
 
 def build(config: DictConfig):
@@ -28,11 +28,11 @@ def build(config: DictConfig):
 
 
 def build_model(cfg: DictConfig):
-    """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised)."""
+    """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised); a key of cfg.model that is
+    not GPTConfig's is refused in one line (checks.model_settings)."""
     from normlab.model.gpt import GPT, GPTConfig
 
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    model = GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k in fields}), norm=instantiate(cfg.norm.layer))
+    model = GPT(GPTConfig(**model_settings(cfg.model)), norm=instantiate(cfg.norm.layer))
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
     return model
 
@@ -74,20 +74,28 @@ def build_module(cfg: DictConfig):
     )
 
 
-def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int):
+def build_run_directory(cfg: DictConfig):
+    """The run directory of `cfg.run_dir`, with the checkpoint schedule of `cfg.checkpoints` (run_dir.RunDirectory)."""
+    from normlab.training.run_dir import RunDirectory
+
+    return RunDirectory(cfg.run_dir, cfg.trainer.max_steps, cfg.trainer.val_check_interval, **cfg.checkpoints)
+
+
+def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int, run=None):
+    """The Trainer of `cfg` with `callbacks`, and the run directory `run` that train() built (it saves every
+    checkpoint, through its own checkpoint IO); without one (the preflight) the Trainer writes no run directory."""
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     from normlab.training.callbacks.progress import TrainingBar
-    from normlab.training.run_dir import RunDirectory
 
     loggers = [instantiate(c) for c in cfg.logger.values()]
-    run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
     # One preemption mechanism per launch path: under sbatch, the Preemption callback (SIGUSR1); under Hydra's
     # submitit launcher, submitit. Lightning's own Slurm requeue is off in both.
     plugins = [
         *([run.io] if run else []),
         *([SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []),
     ]
+    callbacks = [*([run] if run else []), *callbacks]
     # The bar on a terminal; in a job's log, TokenThroughput's progress lines instead
     if bar := cfg.trainer.get("enable_progress_bar", sys.stdout.isatty()):
         callbacks = [*callbacks, TrainingBar()]
@@ -119,8 +127,6 @@ def summary(cfg: DictConfig, module, accumulate: int) -> str:
 
 def train(cfg: DictConfig, extra_callbacks=()):
     """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule."""
-    from normlab.training.checks import check_train_config
-
     run_dir = Path(cfg.run_dir)
     try:
         if received:  # a stop signal before this run (of a sweep) started
@@ -133,7 +139,6 @@ def train(cfg: DictConfig, extra_callbacks=()):
 
         quiet_libraries()
         from normlab.training.revalidate import revalidate
-        from normlab.training.run_dir import RunDirectory
 
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
         L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -143,12 +148,8 @@ def train(cfg: DictConfig, extra_callbacks=()):
         datamodule.verify()
         devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
         datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
-        callbacks = [build(c) for c in cfg.callbacks.values()]  # loads and checks the angle probe set
-        run = next((c for c in callbacks if isinstance(c, RunDirectory)), None)
-        if run is None:
-            raise ConfigError(
-                "callbacks.scheduled_checkpoints (the run directory: checkpoints, resume) cannot be removed"
-            )
+        run = build_run_directory(cfg)
+        callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values()]  # loads and checks the angle probe set
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
@@ -160,7 +161,7 @@ def train(cfg: DictConfig, extra_callbacks=()):
                 revalidate(cfg, run, module, datamodule)
             print(f"{run_dir} is finished (step {run.resume_step} of {cfg.trainer.max_steps}): nothing to do")
             return module
-        trainer = build_trainer(cfg, [*callbacks, *extra_callbacks], accumulate)
+        trainer = build_trainer(cfg, [*callbacks, *extra_callbacks], accumulate, run)
         if not process_rank():
             print(summary(cfg, module, accumulate), flush=True)
         failed = True

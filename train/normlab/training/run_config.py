@@ -1,13 +1,14 @@
 """Whether a run directory's saved config.yaml describes the run about to resume in it: the settings that shape what
-a run computes or records must match (common.paths.identifies_the_run), and so must the sequences per optimizer step;
-what names, places, logs or speeds up a run, and where it runs, may change. A config saved before a class moved
-names it by its earlier place (common.paths.current_targets)."""
+a run computes or records must match (common.run_identity.identifies_the_run), and so must the sequences per
+optimizer step; what names, places, logs or speeds up a run, and where it runs, may change. A config saved before a
+class or a key moved is read as it is written now (common.moved.current_config)."""
 
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.common.paths import current_targets, identifies_the_run
+from normlab.common.moved import current_config
+from normlab.common.run_identity import identifies_the_run
 from normlab.training.run_files import RunDirError
 
 CONFIG_FILE = "config.yaml"
@@ -26,7 +27,7 @@ def flat(config, prefix: str = "") -> dict:
 
 def check_saved_config(run: Path, cfg: DictConfig) -> None:
     """Refuse the run directory `run`, which holds checkpoints, when its config.yaml is missing, damaged, or another
-    config than `cfg` (what only names, places, logs or speeds up a run may differ: paths.NOT_IDENTITY)."""
+    config than `cfg` (what only names, places, logs or speeds up a run may differ: run_identity.NOT_IDENTITY)."""
     saved = run / CONFIG_FILE
     if not saved.is_file():
         raise RunDirError(
@@ -34,7 +35,7 @@ def check_saved_config(run: Path, cfg: DictConfig) -> None:
             "run_dir, or restart=true to move that run aside and start over"
         )
     try:
-        old = flat(current_targets(OmegaConf.to_container(OmegaConf.load(saved), resolve=True)))
+        old = flat(current_config(OmegaConf.to_container(OmegaConf.load(saved), resolve=True)))
     except Exception as e:  # yaml and OmegaConf errors alike
         raise RunDirError(
             f"{saved} is damaged ({type(e).__name__}: {str(e).splitlines()[0]}): restore it, or "

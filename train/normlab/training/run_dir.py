@@ -1,5 +1,6 @@
-"""The run directory's owner while a run trains, in the spirit of torchtitan's CheckpointManager: `RunDirectory` (a
-Lightning callback, `callbacks.scheduled_checkpoints` in the config)
+"""The run directory's owner while a run trains, in the spirit of torchtitan's CheckpointManager: `RunDirectory`, which
+train() builds from run_dir and the `checkpoints` settings (pipeline.build_run_directory) and hands to the Trainer as
+a callback (the other callbacks find it with RunDirectory.of(trainer)) and as its checkpoint IO plugin
 
 - claims the directory for one process before anything is written (claim.py), and releases it at the end;
 - checks that the directory holds a run of the same config (run_config.py), or moves that run aside with
@@ -30,8 +31,9 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import DictConfig, OmegaConf
 
+from normlab.common.atomic import link_over
 from normlab.common.errors import ConfigError, process_rank
-from normlab.common.paths import RUN_ID_FILE
+from normlab.common.run_identity import RUN_ID_FILE
 from normlab.training.checkpoint_files import (
     LAST,
     PREVIOUS,
@@ -111,17 +113,15 @@ def restore_rng_states(trainer: L.Trainer, states: list[dict]) -> None:
 
 class RunDirectory(Checkpoint):
     """The owner of a run directory (see the module's docstring). train() opens it before the Trainer exists and
-    closes it at the end; the other callbacks find it with RunDirectory.of(trainer)."""
+    closes it at the end; the other callbacks find it with RunDirectory.of(trainer). `schedule`: the settings of
+    `checkpoints` in the config (CheckpointSchedule's every, dense_until, sparse_every, scheduled, extra_steps)."""
 
-    def __init__(self, path: str, every: int, dense_until: int, sparse_every: int, max_steps: int,
-                 val_check_interval: int, extra_steps=(), scheduled: str = "weights"):
+    def __init__(self, path: str, max_steps: int, val_check_interval: int, **schedule):
         if not str(path).strip():
             raise ConfigError("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
         self.path = Path(path)
         self.dir = self.path / "checkpoints"
-        self.schedule = CheckpointSchedule(
-            self.dir, every, dense_until, sparse_every, max_steps, val_check_interval, extra_steps, scheduled
-        )
+        self.schedule = CheckpointSchedule(self.dir, max_steps, val_check_interval, **schedule)
         self.claim, self.tables, self.io = Claim(self.path / CLAIM_FILE), RunTables(self.path), VerifiedCheckpointIO()
         self.resume_path: Path | None = None
         self.resume_step = 0
@@ -219,13 +219,7 @@ class RunDirectory(Checkpoint):
         """last.ckpt, keeping the one it replaces as previous.ckpt (hard links: at every moment both exist)."""
         last, previous = self.dir / LAST, self.dir / PREVIOUS
         if trainer.is_global_zero and last.is_file() and LAST not in self.damaged:
-            try:
-                tmp = previous.with_name(f".{PREVIOUS}.tmp")
-                tmp.unlink(missing_ok=True)
-                os.link(last, tmp)
-                os.replace(tmp, previous)
-            except OSError:  # a file system without hard links
-                os.replace(last, previous)
+            link_over(last, previous)
             if digest_path(last).is_file():
                 write_atomically(digest_path(previous), digest_path(last).read_bytes())
             self.damaged.discard(PREVIOUS)

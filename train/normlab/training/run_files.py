@@ -1,13 +1,13 @@
 """What the parts of a run directory share: the error saying that a run directory cannot be used as asked, the
-warning line, and durable writes (atomic replacement, fsync) whose failure names the file and what to do."""
+warning line, and the run directory's writes: common/atomic.py's, their failure worded as a RunDirError that names
+the file and what to do."""
 
 import errno
-import os
 import shutil
 import sys
 from pathlib import Path
 
-from normlab.common.atomic import replace_file
+from normlab.common.atomic import partial_writes, replace_file
 from normlab.common.errors import NormlabError
 
 
@@ -17,15 +17,6 @@ class RunDirError(NormlabError):
 
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def fsync_file(path: Path) -> None:
-    if path.is_file():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -38,7 +29,7 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 def remove_partial_writes(folder: Path) -> None:
     """Remove the temporary files (`.<name>.tmp`) that writes cut short left in `folder`, each with a warning."""
-    for partial in folder.glob(".*.tmp"):
+    for partial in partial_writes(folder):
         warn(f"removing {partial}, left by a save that was cut short")
         partial.unlink(missing_ok=True)
 

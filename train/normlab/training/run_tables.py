@@ -8,7 +8,8 @@ import io
 from collections.abc import Callable
 from pathlib import Path
 
-from normlab.training.run_files import fsync_file, warn, write_atomically
+from normlab.common.atomic import fsync_file
+from normlab.training.run_files import warn, write_atomically
 
 METRICS_FILE = "metrics.csv"
 ANGLES_FILE = "angles.csv"

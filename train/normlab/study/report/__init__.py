@@ -1,17 +1,19 @@
 """normlab-report runs=[RUN_OR_SWEEP_DIR,...] csvs=[HF_ANGLES.csv,...]: the answer of a set of runs to "does
 LayerNorm's mean subtraction do any work?", as tables (summary.md) and figures (PDF and PNG, 300 dpi).
 
-Runs are grouped by their whole resolved config less what does not shape the comparison (the seed, the norm
-variant, names, paths, loggers, devices: `comparison_settings`); within a group, a run with a centred norm
-(LayerNorm) and one without (RMSNorm) of the same bias setting and seed form a pair (same initial weights, same
-batches), and the paired differences of their final validation loss give a t-based 95% confidence interval. DyT
-(a layer that does not normalize) is paired with LayerNorm the same way, as a comparison of its own.
-Unfinished runs (by their checkpoints' steps), runs whose final validation loss is not finite or missing, and
-replicates are shown and flagged, never compared; `.replaced-*` folders (restart=true) are skipped, and folders of a
-model without training metrics (normlab-convert's) listed. Values that are not finite numbers are left out of every
-number, each file's named in a warning. Angles come from each run's angles.csv at its last measured step, ablations
-from its ablation.csv (normlab-ablate). Pretrained models enter as the CSVs of normlab-angles (and normlab-ablate).
-docs/report.md says how to read every table and figure.
+Runs are grouped by their whole resolved config less what does not shape the comparison (the seed, the norm, names,
+paths, loggers, devices: `comparison_settings`); within a group, the runs of two norms (a norm: its name and its
+layer's settings; what it is: what its class says, model.norms.traits) of the same seed form a pair (same initial
+weights, same batches), and the paired differences of their final validation loss give a t-based 95% confidence
+interval. Which norms are compared is declared (conf/report.yaml): the centring x bias 2x2 among the norms whose class
+says it is of it (LayerNorm, RMSNorm, with and without a bias) and every other norm (DyT, a user's) against the
+`reference` norm, or the `pairs` given. Unfinished runs (by their checkpoints' steps), runs whose final validation
+loss is not finite or missing, and replicates (the same norm, settings and seed as another) are shown and flagged,
+never compared; `.replaced-*` folders (restart=true) are skipped, and folders of a model without training metrics
+(normlab-convert's) listed. Values that are not finite numbers are left out of every number, each file's named in a
+warning. Angles come from each run's angles.csv at its last measured step, ablations from its ablation.csv
+(normlab-ablate). Pretrained models enter as the CSVs of normlab-angles (and normlab-ablate). docs/report.md says how
+to read every table and figure.
 
 The package: runs.py reads run directories, pretrained.py the CSVs of pretrained models, groups.py groups and pairs
 the runs, intervals.py holds the paired statistics, verdict.py and tables.py write summary.md's tables, figures.py
@@ -27,7 +29,7 @@ from normlab.common import outputs
 from normlab.probe.figure import DPI
 from normlab.probe.table import AnalysisError
 from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
-from normlab.study.report.groups import group_runs
+from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
@@ -36,7 +38,20 @@ from normlab.study.report.verdict import HOW_TO_READ, verdict
 COMMAND = "normlab-report"
 
 
-def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
+def check_declared(declared: Declared, runs: list) -> None:
+    """Refuse a reference or pairs that name a norm no run has (the default reference may be absent: the norms
+    outside the 2x2 are then compared with nothing)."""
+    names = sorted({r.norm.name for r in runs})
+    known = f"the runs' norms: {', '.join(names)}" if names else "no run given"
+    unknown = sorted({n for pair in declared.pairs for n in pair if n not in names})
+    if unknown:
+        raise AnalysisError(f"pairs names {', '.join(unknown)}, which no run has ({known}): give "
+                            "pairs=[[a,b],...] of the runs' norm names")
+    if declared.reference not in names and declared.reference != Declared().reference:
+        raise AnalysisError(f"reference={declared.reference}: no run has that norm ({known})")
+
+
+def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declared = Declared()) -> None:
     for path in paths:
         if not path.exists():
             raise AnalysisError(f"{path} does not exist: give run directories, or directories holding runs")
@@ -50,7 +65,8 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = ()) -> None:
         hint = (f": {first} has no training metrics (a run of normlab-convert, say); give the CSV of "
                 f"`normlab-angles model_path={first}` as csvs=[...]") if first else ""
         raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}{hint}")
-    groups = group_runs(runs)
+    check_declared(declared, runs)
+    groups = group_runs(runs, declared)  # each run's norm class answers here, before anything is written
     table, notes = verdict(groups, pretrained)
     head = f"# normlab report\n\n## Verdict\n\n{table}\n{notes}{HOW_TO_READ}\n"
     if replaced:
@@ -83,4 +99,15 @@ def main(cfg: DictConfig) -> None:
                             "or csvs=[FILE.csv,...] (angles CSVs of pretrained models)")
     csvs = [p for p in given if p.suffix == ".csv"]
     paths = [p for p in given if p.suffix != ".csv"]
-    report(paths, Path(str(cfg.out)) if cfg.out else (paths[0] if paths else csvs[0].parent) / "report", csvs)
+    out = Path(str(cfg.out)) if cfg.out else (paths[0] if paths else csvs[0].parent) / "report"
+    report(paths, out, csvs, declared(cfg))
+
+
+def declared(cfg: DictConfig) -> Declared:
+    """The comparisons of `reference` and `pairs` ([[a,b],...], norm names)."""
+    pairs = OmegaConf.to_container(cfg.pairs) if OmegaConf.is_list(cfg.get("pairs")) else cfg.get("pairs") or []
+    if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p) and p[0] != p[1]
+            for p in pairs):
+        raise AnalysisError(f"pairs={pairs}: give [[a,b],...], each two norms' names, compared as b − a")
+    return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs))

@@ -1,10 +1,11 @@
 """The report's figures beside the per-layer one (probe/figure.py): the loss curves with the paired difference of
-validation loss along training, the paired final validation loss (DyT's against LayerNorm among them), the uncentred
-runs' reference comparison, the angles across training and the ablation, with the same colours, markers and legends
-and a title that names the step; and which figures a group of runs or a pretrained model gets, each as PDF and PNG.
-The `*_figure` functions build a matplotlib Figure (None where there is nothing to draw); draw_group and
+validation loss along training, the paired final validation loss (of one norm in place of another among them), the
+angles beside random references, the angles across training and the ablation, with the same colours, markers and
+legends and a title that names the step; and which figures a group of runs or a pretrained model gets, each as PDF
+and PNG. The `*_figure` functions build a matplotlib Figure (None where there is nothing to draw); draw_group and
 draw_pretrained save them."""
 
+import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -15,9 +16,10 @@ from normlab.probe.figure import (
     HATCHES,
     SEED_LINES,
     SEED_MARKERS,
+    AngleSeries,
     angles_by_layer_figure,
     legend_below,
-    norm_color,
+    norm_styles,
     null_bands,
     offsets,
     save,
@@ -37,7 +39,6 @@ REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 DIFFERENCE_LABEL = "val loss, uncentred − centred,\npaired by seed\n(nats/token; > 0: centring helps)"
-POINTWISE_DIFFERENCE_LABEL = "val loss, DyT − LayerNorm,\npaired by seed\n(nats/token; > 0: LayerNorm better)"
 
 
 def references_figure(title: str, series: list[Series]) -> Figure | None:
@@ -78,7 +79,7 @@ def angles_training_figure(title: str, series: list[Series]) -> Figure | None:
     steps = sorted({r["step"] for s in series for rows in s.angles for r in rows})
     if len(steps) < 2:
         return None
-    norms = [s.norm for s in series]
+    styles = norm_styles(series)
     by_step = {(s.norm, step): profile(s.angles, "input", "uniform", step) for s in series for step in steps}
     keys = sorted({k for p in by_step.values() for k in p}, key=site_sort)
     cols = min(4, len(keys))
@@ -92,11 +93,11 @@ def angles_training_figure(title: str, series: list[Series]) -> Figure | None:
             if not points:
                 continue
             xs, values = zip(*points)
-            null_bands(ax, list(xs), list(values), norm_color(s.norm, norms), s.norm, per_site=False,
+            null_bands(ax, list(xs), list(values), styles[s.norm].color, s.norm, per_site=False,
                        hatch=HATCHES[k % len(HATCHES)])
             shifted = [x * 10 ** (0.15 * dx) if x > 0 else dx * linthresh for x in xs]  # bars side by side
-            ax.errorbar(shifted, [p.mean for p in values], yerr=[p.token_sd for p in values], fmt="o-", ms=2, lw=0.8,
-                        capsize=1, color=norm_color(s.norm, norms),
+            ax.errorbar(shifted, [p.mean for p in values], yerr=[p.token_sd for p in values],
+                        marker=styles[s.norm].marker, ms=2, lw=0.8, capsize=1, color=styles[s.norm].color,
                         label=f"{s.norm}: mean of {runs_text(len(s.angles))}, bars ± std over tokens")
         ax.set_xscale("symlog", linthresh=linthresh)
         if len(steps) <= 6:
@@ -137,11 +138,18 @@ def seed_style(seeds: list[int], seed: int) -> dict:
     return {"ls": SEED_LINES[k % len(SEED_LINES)], "marker": SEED_MARKERS[k % len(SEED_MARKERS)]}
 
 
+def wrapped(label: str, width: int) -> str:
+    """A comparison's label on lines short enough for a panel's title or a tick: its parenthesis below the names, in
+    lines of at most `width` characters."""
+    names, _, what = label.partition(" (")
+    return "\n".join([names, *textwrap.wrap(f"({what}", width)]) if what else label
+
+
 def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     """One comparison's paired difference of validation loss along training: each seed's (grey, its line style and
     marker), their mean (black) and its t 95% interval over the seeds (grey band), the final step annotated."""
     steps, differences = paired_validation(comparison)
-    label = comparison.label.replace(" (", "\n(") if comparison.pointwise else comparison.label  # the longer label
+    label = comparison.label if comparison.centring else wrapped(comparison.label, 50)  # the longer label
     ax.axhline(0, color="black", lw=0.6)
     if not steps:
         ax.set_title(label)
@@ -166,7 +174,8 @@ def losses_figure(group: Group) -> Figure:
     """Training and validation loss of every run of the group on axes of their own (colour: norm, line style and
     marker: seed; unfinished runs and replicates labelled), and below them, per comparison, the paired difference
     of validation loss at each validation step (draw_differences), two to a row."""
-    norms, seeds = [v.name for v in group.variants()], sorted({r.seed for r in group.runs})
+    seeds = sorted({r.seed for r in group.runs})
+    styles = norm_styles([AngleSeries(group.label(arm), [], style=arm.style) for arm in group.arms()])
     per_row = min(2, max(1, len(group.comparisons)))
     mosaic = [["train"] * per_row + ["val"] * per_row]
     for first in range(0, len(group.comparisons), per_row):  # each under half of the row above
@@ -175,8 +184,9 @@ def losses_figure(group: Group) -> Figure:
     fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 3.4 + 2.6 * (len(mosaic) - 1)), layout="constrained")
     window = 10
     for run in group.runs:
-        style = {"color": norm_color(run.variant.name, norms), "lw": 0.8, "ls": seed_style(seeds, run.seed)["ls"]}
-        label = f"{run.variant.name} seed {run.seed}" + (" (left out)" if run.left_out else "")
+        norm = group.label(run.norm)
+        style = {"color": styles[norm].color, "lw": 0.8, "ls": seed_style(seeds, run.seed)["ls"]}
+        label = f"{norm} seed {run.seed}" + (" (left out)" if run.left_out else "")
         if run.metrics.get("train/loss"):
             steps, losses = zip(*run.metrics["train/loss"])
             window = max(10, len(losses) // 200)
@@ -189,8 +199,9 @@ def losses_figure(group: Group) -> Figure:
     axes["val"].set(title="validation loss (its own y axis)", ylabel="cross-entropy (nats/token)")
     for i, comparison in enumerate(group.comparisons):
         draw_differences(axes[f"difference {i}"], comparison, seeds)
-        if comparison.pointwise:  # not the centring's: its own y label
-            axes[f"difference {i}"].set_ylabel(POINTWISE_DIFFERENCE_LABEL)
+        if not comparison.centring:  # its own y label
+            axes[f"difference {i}"].set_ylabel(f"val loss, {comparison.other} − {comparison.base},\npaired by seed\n"
+                                               f"(nats/token; > 0: {comparison.base} better)")
         elif i == 0:
             axes[f"difference {i}"].set_ylabel(DIFFERENCE_LABEL)
     for ax in axes.values():
@@ -209,8 +220,8 @@ def loss_differences_figure(group: Group) -> Figure | None:
     comparisons = group.comparisons
     if not comparisons:
         return None
-    pointwise = sum(c.pointwise for c in comparisons)  # their labels are longer
-    fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons) + 0.8 * pointwise, 3.4), layout="constrained")
+    replaced = sum(not c.centring for c in comparisons)  # their labels are longer
+    fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons) + 0.8 * replaced, 3.4), layout="constrained")
     for x, comparison in enumerate(comparisons):
         differences, interval = comparison.differences, comparison.interval
         xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
@@ -224,9 +235,9 @@ def loss_differences_figure(group: Group) -> Figure | None:
             ax.errorbar([x + 0.15], [interval.mean], yerr=errors, fmt="D", ms=4, capsize=4, color="black",
                         label=f"mean, t 95% interval over {interval.n} seeds")
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xticks(range(len(comparisons)), [c.label.replace(" (", "\n(") for c in comparisons])
+    ax.set_xticks(range(len(comparisons)), [wrapped(c.label, 30) for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
-    if pointwise:  # DyT − LayerNorm among them: not a centring's effect
+    if replaced:  # one norm in place of another among them: not a centring's effect
         ax.set_ylabel("final val loss, first − second norm\n(nats/token; > 0: the second is better)")
     else:
         ax.set_ylabel("final val loss, uncentred − centred\n(nats/token; > 0: centring helps)")
@@ -245,7 +256,7 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
              for kind in sorted({r.get("ablation") or "" for r in last_rows(rows)})]
     if not drawn:
         return None
-    norms = [s.norm for s in series]
+    styles = norm_styles(series)
     keys = sorted({site_key(r) for *_, rows in drawn for r in rows}, key=site_sort)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(keys) * len(drawn) ** 0.5 + 2), 3.6), layout="constrained")
     for (s, k, label, kind, rows), dx in zip(drawn, offsets(len(drawn))):
@@ -256,14 +267,15 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
         errors = [[d - low for d, low in zip(deltas, lows)], [high - d for d, high in zip(deltas, highs)]]
         ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors,
                     fmt=SEED_MARKERS[k % len(SEED_MARKERS)], ms=3, capsize=1.5, lw=0.8,
-                    color=norm_color(s.norm, norms), label=" ".join(filter(None, (s.norm, label, kind))))
+                    color=styles[s.norm].color, label=" ".join(filter(None, (s.norm, label, kind))))
     ax.axhline(0, color="black", lw=0.6)
     site_axis(ax, keys)
     ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
     legend_below(fig, [ax])
     steps = steps_title(r.get("step") for *_, rows in drawn for r in rows)
-    dyt = "\nDyT: its input centred before the tanh" if any(not s.normalizes for s in series) else ""
-    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added){dyt}\ncheckpoints at {steps}")
+    pointwise = ", ".join(s.norm for s in series if not s.normalizes)
+    before = f"\n{pointwise}: its input centred before its point-wise map" if pointwise else ""
+    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added){before}\ncheckpoints at {steps}")
     return fig
 
 

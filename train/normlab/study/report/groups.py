@@ -1,37 +1,51 @@
-"""Groups, pairs and the paired comparison: runs grouped by their comparison settings (everything but the norm
-variant, the seed and what only names, places, logs or speeds up a run), centred and uncentred runs of a group paired
-by seed, a layer that does not normalize (DyT) paired with LayerNorm by seed, and the series of angle and ablation
-rows each norm contributes to the tables and figures."""
+"""Groups, pairs and the paired comparisons: runs grouped by their comparison settings (everything but the norm, the
+seed and what only names, places, logs or speeds up a run); in a group, the runs of each norm (its identity: its name
+and its layer's settings) paired by seed with those of another as declared (conf/report.yaml): the centring x bias
+2x2 among the norms whose class says it is of it, every other norm against the reference norm, or the pairs given;
+and the series of angle and ablation rows each norm contributes to the tables and figures."""
 
 import hashlib
 import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from normlab.common.paths import identifies_the_run
+from normlab.common.run_identity import identifies_the_run
 from normlab.probe.figure import AngleSeries
 from normlab.probe.profiles import last_step
 from normlab.study.report.intervals import Interval
-from normlab.study.report.runs import Run, Variant
+from normlab.study.report.runs import Arm, Run
 from normlab.training.run_config import flat
 
-VARIANT_KEYS = ("name", "centred", "bias", "normalizes", "_target_")  # below norm: what tells the variants apart
+if TYPE_CHECKING:
+    from normlab.model.norms import Traits
+
 LAYER_SETTINGS = "norm.layer."  # the layer's own: eps for a norm, alpha_init for DyT
+NORM_CHOICES = ("_target_", "bias")  # of the layer's settings, those that tell the norms of a group apart
 PAIRING_KEYS = ("seed", "data.seed")
 
 
+@dataclass(frozen=True)
+class Declared:
+    """The comparisons a report is told to make (conf/report.yaml): each pair (a, b) of `pairs` as b − a; without
+    pairs, the centring x bias 2x2 and every other norm against `reference` (a norm's name)."""
+    reference: str = "layernorm"
+    pairs: tuple[tuple[str, str], ...] = ()
+
+
 def comparison_settings(config: dict) -> dict:
-    """What shapes a run's result besides its norm variant and seed: the resolved config less the settings that
-    only name, place, log or speed up a run (paths.NOT_IDENTITY: experiment and run names, paths, loggers, devices,
-    ...), less seed and norm; paths inside the run directory are written <run_dir>, and the sequences an optimizer
-    step sees stand for the devices. A model size or learning rate of its own makes a group of its own."""
+    """What shapes a run's result besides its norm and seed: the resolved config less the settings that only name,
+    place, log or speed up a run (run_identity.NOT_IDENTITY: experiment and run names, paths, loggers, devices, ...),
+    less seed and norm but for its layer's settings other than its class and bias (eps; a DyT's alpha_init); paths
+    inside the run directory are written <run_dir>, and the sequences an optimizer step sees stand for the devices. A
+    model size or learning rate of its own makes a group of its own."""
     run_dir = str(config.get("run_dir") or "\0")
     settings = {}
     for key, value in flat(config).items():
         if not identifies_the_run(key) or key in PAIRING_KEYS:
             continue
-        if key.startswith("norm.") and key.rsplit(".", 1)[-1] in VARIANT_KEYS:
+        if key.startswith("norm.") and (not key.startswith(LAYER_SETTINGS) or key.rsplit(".", 1)[-1] in NORM_CHOICES):
             continue
         settings[key] = value.replace(run_dir, "<run_dir>") if isinstance(value, str) else value
     trainer, data = config.get("trainer") or {}, config.get("data") or {}
@@ -43,25 +57,42 @@ def comparison_settings(config: dict) -> dict:
 
 @dataclass
 class Comparison:
-    """Uncentred minus centred final validation loss, paired by seed: RMS − LN for one bias setting (the centring's
-    effect), or, `pointwise`, a layer that does not normalize (DyT) − LayerNorm: everything the norm does."""
-    bias: bool | None  # None: the two norms differ in the bias too
-    centred: str  # the norm names
-    uncentred: str
-    pairs: list[tuple[Run, Run]]  # (centred, uncentred)
-    pointwise: bool = False
+    """`other` − `base` final validation loss, paired by seed. `centring`: uncentred − centred, two norms of the 2x2
+    (the centring's effect, with or without a bias, or with the bias differing too); else one norm in place of the
+    other (`base` the reference, or the first of a declared pair): everything the norm does."""
+    base: str  # the norms' labels
+    other: str
+    base_traits: "Traits"
+    other_traits: "Traits"
+    pairs: list[tuple[Run, Run]]  # (base, other)
+
+    @property
+    def centring(self) -> bool:
+        base, other = self.base_traits, self.other_traits
+        return base.centring_pair and other.centring_pair and base.centres and not other.centres
+
+    @property
+    def bias(self) -> bool | None:  # None: the two norms differ in the bias too
+        return self.base_traits.bias if self.base_traits.bias == self.other_traits.bias else None
+
+    @property
+    def replacement(self) -> str:
+        """What `other` is in `base`'s place, by what its class says it is."""
+        if not self.other_traits.normalizes:
+            return "a point-wise layer"
+        return "another norm" if self.base_traits.normalizes else "a norm"
 
     @property
     def label(self) -> str:
-        if self.pointwise:
-            bias = "; the bias differs too" if self.bias is None else "" if self.bias else ", both without bias"
-            return f"{self.uncentred} − {self.centred} (no norm: tanh in place of LayerNorm{bias})"
-        bias = "the bias differs too" if self.bias is None else "with bias" if self.bias else "without bias"
-        return f"{self.uncentred} − {self.centred} ({bias})"
+        if self.centring:
+            bias = "the bias differs too" if self.bias is None else "with bias" if self.bias else "without bias"
+            return f"{self.other} − {self.base} ({bias})"
+        bias = "; the bias differs too" if self.bias is None else "" if self.bias else ", both without bias"
+        return f"{self.other} − {self.base} ({self.replacement} in place of {self.base}{bias})"
 
     @property
     def differences(self) -> list[float]:
-        return [u.final_val_loss - c.final_val_loss for c, u in self.pairs]
+        return [o.final_val_loss - b.final_val_loss for b, o in self.pairs]
 
     @property
     def interval(self) -> Interval:
@@ -74,7 +105,7 @@ class Series(AngleSeries):
     (seeds), or of one pretrained model."""
     ablations: list[list[dict]]  # per run
     labels: list[str]  # per run: "seed 0", or the model
-    normalizes: bool = True  # False: DyT, whose ablation centres the input of its tanh
+    normalizes: bool = True  # False: a point-wise layer (DyT), whose ablation centres the input of its map
 
 
 def last_rows(rows: list[dict]) -> list[dict]:
@@ -85,12 +116,13 @@ def last_rows(rows: list[dict]) -> list[dict]:
 
 @dataclass
 class Group:
-    """Runs whose comparison settings are equal: they differ only in norm variant and seed."""
+    """Runs whose comparison settings are equal: they differ only in norm and seed."""
     settings: dict
     runs: list[Run]
     slug: str = ""  # in the names of its figures
     distinct: str = ""  # the settings that set it apart from the report's other groups
     comparisons: list[Comparison] = field(default_factory=list)
+    cells: dict[tuple[bool, bool], Arm] = field(default_factory=dict)  # the 2x2's norms by (centres, bias)
 
     @property
     def model(self) -> str:
@@ -100,93 +132,107 @@ class Group:
     def title(self) -> str:
         return f"{self.model}" + (f" ({self.distinct})" if self.distinct else "")
 
-    def variants(self) -> list[Variant]:
-        return sorted({r.variant for r in self.runs}, key=lambda v: v.order)
+    def arms(self) -> list[Arm]:
+        return sorted({r.norm for r in self.runs}, key=lambda a: a.order)
 
-    def compared(self, variant: Variant) -> list[Run]:
-        return [r for r in self.runs if r.variant == variant and not r.left_out]
+    def label(self, arm: Arm) -> str:
+        """The norm's name; where another norm of the group has that name too, with the layer settings that differ
+        ("layernorm bias=False", a run of norm.layer.bias=false beside layernorm's)."""
+        namesakes = [a.settings for a in self.arms() if a.name == arm.name]
+        differing = sorted({k for s in namesakes for k in s if k != "_partial_"
+                            and any(o.get(k, "absent") != s.get(k, "absent") for o in namesakes)})
+        return " ".join([arm.name, *(f"{k}={arm.settings.get(k, 'absent')}" for k in differing)])
 
-    def series_of(self, variant: Variant) -> Series:
-        runs = self.compared(variant)
-        return Series(variant.name, [r.angles for r in runs], [r.ablation for r in runs],
-                      [f"seed {r.seed}" for r in runs], variant.normalizes)
+    def compared(self, arm: Arm) -> list[Run]:
+        return [r for r in self.runs if r.norm == arm and not r.left_out]
+
+    def series_of(self, arm: Arm) -> Series:
+        runs = self.compared(arm)
+        return Series(self.label(arm), [r.angles for r in runs], [r.ablation for r in runs],
+                      [f"seed {r.seed}" for r in runs], arm.traits.normalizes, style=arm.style)
 
     def series(self) -> list[Series]:
-        return [self.series_of(v) for v in self.variants() if self.compared(v)]
+        return [self.series_of(a) for a in self.arms() if self.compared(a)]
 
-    def check_and_pair(self) -> None:
-        """Flag runs without a final loss to compare (Run.incomplete: unfinished, ...) and replicates (left out),
-        then pair centred and uncentred runs by seed: per bias setting (a 2x2 sweep gives two comparisons), else the
-        one centred and the one uncentred norm left (the paper's LayerNorm and RMSNorm: the bias differs too). A layer
-        that does not normalize (DyT) stays out of those cells: it is paired with the centred norm of its bias setting,
-        else the one with a bias."""
-        cells: dict[tuple[bool, bool], dict[tuple, Run]] = defaultdict(dict)  # (centred, bias) -> pairing -> run
-        pointwise: dict[Variant, dict[tuple, Run]] = defaultdict(dict)  # the layers that do not normalize
+    def check_and_pair(self, declared: Declared) -> None:
+        """Flag runs without a final loss to compare (Run.incomplete: unfinished, ...) and replicates (the same norm
+        and seed as another: left out), then pair the runs of two norms by seed as declared: each of `pairs`, else
+        the 2x2 (pair_centring) and every norm outside it against the reference."""
+        arms: dict[Arm, dict[tuple, Run]] = defaultdict(dict)  # norm -> pairing -> run
         for run in sorted(self.runs, key=lambda r: (-(r.val_step or 0), r.name)):
-            variant = run.variant
-            cell = cells[(variant.centred, variant.bias)] if variant.normalizes else pointwise[variant]
+            kept = arms[run.norm]
             if run.incomplete:
                 run.left_out = f"{run.incomplete}: left out"
-            elif run.pairing in cell:
-                same = "centring, bias" if variant.normalizes else "layer"
-                run.left_out = f"same settings, {same} and seed as {cell[run.pairing].name}: a replicate, left out"
+            elif run.pairing in kept:
+                run.left_out = f"same settings, norm and seed as {kept[run.pairing].name}: a replicate, left out"
             else:
-                cell[run.pairing] = run
-        matched = [((True, bias), (False, bias), bias) for bias in (True, False)
-                   if cells.get((True, bias)) and cells.get((False, bias))]
-        left = [[c for c in cells if cells[c] and c[0] == centred and not any(c in m for m in matched)]
-                for centred in (True, False)]
-        if not matched and len(left[0]) == 1 and len(left[1]) == 1:
-            matched.append((left[0][0], left[1][0], None))
-        for centred, uncentred, bias in matched:
-            common = sorted(cells[centred].keys() & cells[uncentred].keys())
-            if common:
-                names = [cell_names(cells[c]) for c in (centred, uncentred)]
-                self.comparisons.append(
-                    Comparison(bias, *names, [(cells[centred][p], cells[uncentred][p]) for p in common]))
-        for variant, runs in sorted(pointwise.items(), key=lambda item: item[0].order):
-            shared = [key for key in ((True, variant.bias), (True, True)) if cells.get(key, {}).keys() & runs.keys()]
-            if shared:
-                reference = cells[shared[0]]
-                pairs = [(reference[p], runs[p]) for p in sorted(reference.keys() & runs.keys())]
-                bias = variant.bias if shared[0][1] == variant.bias else None
-                self.comparisons.append(Comparison(bias, cell_names(reference), variant.name, pairs, pointwise=True))
+                kept[run.pairing] = run
+        ordered = [a for a in self.arms() if arms[a]]
+        if declared.pairs:
+            for first, second in declared.pairs:
+                for base, other in [(b, o) for b in ordered for o in ordered if (b.name, o.name) == (first, second)]:
+                    self.compare(base, other, arms)
+        else:
+            self.pair_centring(ordered, arms)
+            reference = next((a for a in ordered if a.name == declared.reference), None)
+            for other in [a for a in ordered if reference and a != reference and a not in self.cells.values()]:
+                self.compare(reference, other, arms)
         paired = {id(run) for c in self.comparisons for pair in c.pairs for run in pair}
-        for run in [r for cell in cells.values() for r in cell.values() if id(r) not in paired]:
+        for run in [r for kept in arms.values() for r in kept.values() if id(r) not in paired]:
             run.note = "no run of the other norm with its seed: in the angle tables, not in the loss comparison"
-        for run in [r for cell in pointwise.values() for r in cell.values() if id(r) not in paired]:
-            run.note = "no LayerNorm run with its seed: in the angle tables, not in the loss comparison"
+
+    def pair_centring(self, ordered: list[Arm], arms: dict[Arm, dict[tuple, Run]]) -> None:
+        """The centring x bias 2x2 among the norms whose class says it is of it (traits.centring_pair), a norm to a
+        cell (another of the same traits is compared as any other norm): the centred and the uncentred norm of each
+        bias setting (a 2x2 sweep gives two comparisons), else the one centred and the one uncentred norm there are
+        (the paper's LayerNorm and RMSNorm: the bias differs too)."""
+        for arm in ordered:
+            if arm.traits.centring_pair:
+                self.cells.setdefault((arm.traits.centres, arm.traits.bias), arm)
+        matched = [((True, bias), (False, bias)) for bias in (True, False)
+                   if (True, bias) in self.cells and (False, bias) in self.cells]
+        centred, uncentred = ([k for k in self.cells if k[0] == c] for c in (True, False))
+        if not matched and len(centred) == 1 and len(uncentred) == 1:
+            matched.append((centred[0], uncentred[0]))
+        for base, other in matched:
+            self.compare(self.cells[base], self.cells[other], arms)
+
+    def compare(self, base: Arm, other: Arm, arms: dict[Arm, dict[tuple, Run]]) -> None:
+        common = sorted(arms[base].keys() & arms[other].keys())
+        if common:
+            self.comparisons.append(Comparison(self.label(base), self.label(other), base.traits, other.traits,
+                                               [(arms[base][p], arms[other][p]) for p in common]))
 
 
-def cell_names(cell: dict[tuple, Run]) -> str:
-    return "/".join(sorted({r.variant.name for r in cell.values()}))
-
-
-def join_pointwise(groups: list[Group]) -> list[Group]:
-    """Groups of layers that do not normalize (DyT) joined to the group of norms trained beside them: their settings
-    differ in the layer's own (alpha_init, no eps), so each joins the one group of norms whose other settings are
-    equal, where no other such group matches it (two DyT settings in one group would pass for replicates); any
-    other stays a group of its own."""
-    norms, pointwise = defaultdict(list), defaultdict(list)
+def join_layers(groups: list[Group]) -> list[Group]:
+    """Groups whose settings are equal but for the norm layer's own (DyT's alpha_init and no eps, a user's norm's
+    arguments) made one, where their norms' names all differ and at most one of them holds norms of the 2x2: DyT
+    beside the LayerNorm and RMSNorm runs trained with it. Two settings of one norm (DyT's alpha_init, LayerNorm's
+    eps) stay groups of their own, as do the groups beside them."""
+    alike = defaultdict(list)
     for group in groups:
         others = {k: v for k, v in group.settings.items() if not k.startswith(LAYER_SETTINGS)}
-        normalizes = any(r.variant.normalizes for r in group.runs)
-        (norms if normalizes else pointwise)[json.dumps(others, sort_keys=True, default=str)].append(group)
+        alike[json.dumps(others, sort_keys=True, default=str)].append(group)
     joined = set()
-    for key, found in pointwise.items():
-        if len(found) == 1 and len(norms.get(key, [])) == 1:
-            norms[key][0].runs += found[0].runs
-            joined.add(id(found[0]))
+    for found in alike.values():
+        names = [{a.name for a in g.arms()} for g in found]
+        of_2x2 = [g for g in found if any(a.traits.centring_pair for a in g.arms())]
+        if len(found) > 1 and len(of_2x2) <= 1 and len(set().union(*names)) == sum(map(len, names)):
+            home = (of_2x2 or found)[0]
+            for group in found:
+                if group is not home:
+                    home.runs += group.runs
+                    joined.add(id(group))
     return [g for g in groups if id(g) not in joined]
 
 
-def group_runs(runs: list[Run]) -> list[Group]:
+def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
     by_settings: dict[str, Group] = {}
     for run in runs:
         settings = comparison_settings(run.config)
         key = json.dumps(settings, sort_keys=True, default=str)
         by_settings.setdefault(key, Group(settings, [])).runs.append(run)
-    groups = sorted(join_pointwise(list(by_settings.values())), key=lambda g: (g.model, g.runs[0].name))
+    groups = sorted(join_layers(list(by_settings.values())), key=lambda g: (g.model, g.runs[0].name))
     for group in groups:
         others = [g.settings for g in groups if g is not group and g.model == group.model]  # the title names it
         differing = sorted(
@@ -195,7 +241,7 @@ def group_runs(runs: list[Run]) -> list[Group]:
         )
         shown = [f"{k}={group.settings.get(k, 'absent')}" for k in differing[:4]]
         group.distinct = ", ".join(shown) + (f" and {len(differing) - 4} more" if len(differing) > 4 else "")
-        group.check_and_pair()
+        group.check_and_pair(declared)
     for model in {g.model for g in groups}:
         same_model = [g for g in groups if g.model == model]
         for group in same_model:

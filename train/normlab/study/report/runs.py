@@ -1,46 +1,83 @@
 """Reading what the report compares: run directories (config.yaml, metrics.csv, and the angles.csv, ablation.csv and
-eval/results.csv beside them) into Runs, with each run's norm variant, the step of its checkpoints (whether it
-finished) and its values that are not finite numbers left out (`screened`, one warning per file); `.replaced-*` folders
-are skipped, and folders without training metrics (normlab-convert's) found to be listed (`untrained_runs`)."""
+eval/results.csv beside them) into Runs, with each run's norm (its identity, and what its class says it is), the step
+of its checkpoints (whether it finished) and its values that are not finite numbers left out (`screened`, one warning
+per file); `.replaced-*` folders are skipped, and folders without training metrics (normlab-convert's) found to be
+listed (`untrained_runs`)."""
 
+import functools
+import importlib
+import json
 import math
 import os
 import shlex
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.common.paths import current_targets
+from normlab.common.moved import current_config
 from normlab.probe.table import AnalysisError, DamagedTable, read_rows
 from normlab.training.run_files import warn
 from normlab.training.run_tables import step_ranges
 
+if TYPE_CHECKING:
+    from normlab.model.norms import Traits
+
 
 @dataclass(frozen=True)
-class Variant:
-    """A norm as the comparison sees it: centred (removes the component along 1: LayerNorm) or not, with a bias
-    or without; `normalizes` False for a point-wise layer in a norm's place (DyT), which the report compares with
-    LayerNorm, never in the centring's pairs."""
+class Arm:
+    """A norm as the report compares it: its identity, the norm's name and its layer's settings (norm.name and
+    norm.layer: runs of one group are compared, and replicates found, by it); what its class says it is (traits);
+    and the colour and marker its config gives its figures (norm.style, where it has one)."""
     name: str
-    centred: bool
-    bias: bool
-    normalizes: bool = True
+    layer: str  # norm.layer, as JSON with sorted keys
+    traits: "Traits" = field(compare=False)
+    style: dict | None = field(default=None, compare=False, hash=False)
 
     @property
-    def order(self) -> tuple:  # layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm, then dyt
-        return (not self.normalizes, not self.bias, not self.centred, self.name)
+    def settings(self) -> dict:
+        return json.loads(self.layer)
+
+    @property
+    def order(self) -> tuple:  # the 2x2: layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm; then the others (dyt)
+        t = self.traits
+        return (not t.centring_pair, not t.normalizes, not t.bias, not t.centres, self.name, self.layer)
 
 
-def norm_variant(norm: dict) -> Variant:
-    """From config.yaml's `norm`: its `centred`, `bias` and `normalizes` keys, or (configs before them) inferred from
-    the name: layernorm centred with a bias, rmsnorm neither, a `_bias`/`_nobias` suffix setting the bias, and every
-    layer a norm."""
-    name = str(norm["name"])
-    centred = norm.get("centred", name.startswith("layernorm"))
-    named_bias = False if name.endswith("_nobias") else True if name.endswith("_bias") else centred
-    return Variant(name, bool(centred), bool(norm.get("bias", named_bias)), bool(norm.get("normalizes", True)))
+@functools.cache
+def layer_traits(layer: str) -> "Traits":
+    """What the norm class of `layer` (norm.layer, as JSON) says it is: a layer built at width 8 on the CPU, asked
+    with model.norms.traits (the class answers, whatever keys an older config.yaml holds beside it)."""
+    from hydra.utils import instantiate  # here: the norm's module imports torch
+
+    from normlab.model.norms import traits
+
+    settings = json.loads(layer)
+    target = str(settings.get("_target_"))
+    module, _, name = target.rpartition(".")
+    try:
+        getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise AnalysisError(f"its norm class {target} cannot be imported ({type(e).__name__}: {e}): put the folder "
+                            "that holds its module on PYTHONPATH") from None
+    try:
+        return traits(instantiate(settings, _partial_=True)(8))
+    except Exception as e:  # noqa: BLE001 (whatever the user's class raises)
+        raise AnalysisError(f"its norm {target} cannot be built from its norm.layer "
+                            f"({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
+
+
+def arm_of(config: dict, path: Path) -> Arm:
+    """The norm of a run's config (`path`, its config.yaml)."""
+    norm = config["norm"]
+    layer = json.dumps(norm.get("layer") or {}, sort_keys=True, default=str)
+    try:
+        traits = layer_traits(layer)
+    except AnalysisError as e:
+        raise AnalysisError(f"{path}: {e}") from None
+    return Arm(str(norm["name"]), layer, traits, norm.get("style") or None)
 
 
 INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions", "resampling_units"}
@@ -132,7 +169,7 @@ def read_config(path: Path) -> dict:
             f"{path} is not a normlab run config (no {', '.join(missing)}): restore it, or leave this "
             "run out of the report"
         )
-    return current_targets(OmegaConf.to_container(config))
+    return current_config(OmegaConf.to_container(config))
 
 
 def read_angles(path: Path, remedy: str) -> list[dict]:
@@ -194,9 +231,9 @@ class Run:
     def model(self) -> str:
         return str(self.config["model"]["name"])
 
-    @property
-    def variant(self) -> Variant:
-        return norm_variant(self.config["norm"])
+    @functools.cached_property
+    def norm(self) -> Arm:
+        return arm_of(self.config, self.dir / "config.yaml")
 
     @property
     def seed(self) -> int:

@@ -13,7 +13,7 @@ from normlab.study.report.groups import Group, Series
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.runs import Run
-from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, seeds_text
+from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, replacements, seeds_text
 
 
 def parameter_count(config: dict, cache: dict) -> int:
@@ -31,15 +31,15 @@ def parameter_count(config: dict, cache: dict) -> int:
 def runs_table(group: Group, parameters: dict) -> str:
     lines = ["| run | norm | seed | parameters | step | final val loss | tokens/s (median) | status |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
-    for run in sorted(group.runs, key=lambda r: (r.variant.order, r.seed, r.name)):
+    for run in sorted(group.runs, key=lambda r: (r.norm.order, r.seed, r.name)):
         rates = [v for _, v in run.metrics.get("train/tokens_per_sec", [])[1:]]  # the first includes warm-up
         step = f"{run.val_step or 0:,}" + (f" of {run.max_steps:,}" if run.max_steps else "")
         status = f"**{run.left_out}**" if run.left_out else "compared" + (f"; {run.note}" if run.note else "")
         status = status.replace("|", r"\|")  # a | in a command would end the cell
         loss = f"{run.final_val_loss:.4f}" if math.isfinite(run.final_val_loss) else "—"
         rate = f"{statistics.median(rates):,.0f}" if rates else "—"
-        lines.append(f"| {run.name} | {run.variant.name} | {run.seed} | {parameter_count(run.config, parameters):,} "
-                     f"| {step} | {loss} | {rate} | {status} |")
+        lines.append(f"| {run.name} | {group.label(run.norm)} | {run.seed} | "
+                     f"{parameter_count(run.config, parameters):,} | {step} | {loss} | {rate} | {status} |")
     return "\n".join(lines) + "\n"
 
 
@@ -62,15 +62,13 @@ def comparison_table(group: Group) -> str:
 def factorial_table(group: Group) -> str:
     """The 2x2 of centring and bias, where the group has finished runs of all four: each cell's mean final
     validation loss over its seeds, each factor's effect paired by seed within a level of the other, and their
-    interaction (the centring's effect with a bias minus without), over the seeds every cell has. A layer that does
-    not normalize (DyT) is in no cell."""
-    cells: dict[tuple[bool, bool], dict[tuple, Run]] = {}
-    for run in group.runs:
-        if not run.left_out and run.variant.normalizes:
-            cells.setdefault((run.variant.centred, run.variant.bias), {})[run.pairing] = run
+    interaction (the centring's effect with a bias minus without), over the seeds every cell has. A norm outside
+    the 2x2 (DyT) is in no cell."""
+    cells: dict[tuple[bool, bool], dict[tuple, Run]] = {
+        key: {run.pairing: run for run in group.compared(arm)} for key, arm in group.cells.items()}
     if len(cells) < 4:
         return ""
-    names = {key: "/".join(sorted({r.variant.name for r in runs.values()})) for key, runs in cells.items()}
+    names = {key: group.label(arm) for key, arm in group.cells.items()}
 
     def mean(key) -> str:
         losses = [r.final_val_loss for r in cells[key].values()]
@@ -107,8 +105,8 @@ def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
 
 
 def evaluation_table(group: Group) -> str:
-    """Per comparison, task and metric of normlab-eval: uncentred minus centred (DyT minus LayerNorm), paired by
-    seed, with its t interval."""
+    """Per comparison, task and metric of normlab-eval: uncentred minus centred (or one norm minus the other it is
+    compared with), paired by seed, with its t interval."""
     lines = ["| comparison | task | metric | pairs (seeds) | steps | difference per seed | mean | 95% CI (t) | "
              "excludes 0 |", "|---|---|---|---|---|---|---:|---|---|"]
     for c in group.comparisons:
@@ -126,7 +124,8 @@ def evaluation_table(group: Group) -> str:
                          f"{excludes} |")
     if len(lines) == 2:
         return ""
-    return "\n".join(lines) + "\n\nSteps: the centred/uncentred run's checkpoint (its newest in eval/results.csv).\n"
+    return "\n".join(lines) + ("\n\nSteps: the checkpoints of a pair's runs, the subtracted norm's/the other's "
+                                "(each the newest in its eval/results.csv).\n")
 
 
 def layer_table(series: list[Series]) -> str:
@@ -166,8 +165,8 @@ def group_section(group: Group, parameters: dict) -> str:
     if table := factorial_table(group):
         text += ["### Centring × bias, paired by seed\n", table]
     if table := evaluation_table(group):
-        dyt = " (DyT: − LayerNorm)" if any(c.pointwise for c in group.comparisons) else ""
-        text += [f"### Evaluation (normlab-eval), uncentred − centred{dyt}, paired by seed\n", table]
+        text += [f"### Evaluation (normlab-eval), uncentred − centred{replacements(group.comparisons)}, paired by "
+                 "seed\n", table]
     if table := layer_table(group.series()):
         text += ["### Angle to 1 at the norm inputs, per layer (mean over seeds ± their sd)\n", table]
     return "\n".join(text)

@@ -12,7 +12,6 @@ from normlab.study.report.pretrained import Pretrained
 
 DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
-POINTWISE_ABLATIONS = {"centred": "centred (before the tanh)"}  # what normlab-ablate does to DyT
 
 
 def seeds_text(count: int) -> str:
@@ -56,7 +55,7 @@ def ablation_cell(series: Series, command: str, row_steps: set[int] = frozenset(
         return f"not run ({command})"
     cells = []
     for kind, found in sorted(runs.items()):
-        prefix = f"{kind if series.normalizes else POINTWISE_ABLATIONS.get(kind, kind)}: " if kind else ""
+        prefix = f"{kind if series.normalizes else f'{kind} (before its point-wise map)'}: " if kind else ""
         steps = step_note({row["step"] for _, row, _ in found if row.get("step") is not None}, set(row_steps))
         per_seed = [f"{label} {bootstrap_text(row)}" for label, row, _ in found]
         if len(found) == 1:
@@ -114,16 +113,27 @@ def angle_cells(series: Series, row_steps: set[int] = frozenset()) -> AngleCells
     return AngleCells(deviation, share_text)
 
 
-def verdict_header(pointwise: bool) -> str:
-    """The table's header; `pointwise`: it has DyT rows, whose loss is against LayerNorm and whose ablation centres
-    the tanh's input."""
-    loss = "uncentred − centred" + (" (DyT: − LayerNorm)" if pointwise else "")
-    ablation = "centring removed from LN, added to RMS" + (" and before DyT's tanh" if pointwise else "")
-    return (f"| model | norm | runs | step | final val loss, {loss}, paired by seed: mean [95% t interval] | mean "
-            "angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same mean to random "
-            "directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm inputs | "
-            f"ablation at every norm ({ablation}): Δ loss [95% interval: t over seeds, bootstrap for one run] |\n"
-            "|---|---|---:|---:|---|---|---|---|")
+def replacements(comparisons: list[Comparison]) -> str:
+    """' (dyt, scalenorm: − layernorm)': the comparisons of one norm in place of another, by the norm each is
+    compared with ('' where there is none): what the loss columns hold beside uncentred − centred."""
+    against: dict[str, list[str]] = defaultdict(list)
+    for c in comparisons:
+        if not c.centring and c.other not in against[c.base]:
+            against[c.base].append(c.other)
+    shown = "; ".join(f"{', '.join(others)}: − {base}" for base, others in against.items())
+    return f" ({shown})" if shown else ""
+
+
+def verdict_header(replaced: str, pointwise: list[str]) -> str:
+    """The table's header: `replaced` (replacements()) where a loss is of one norm in place of another, and the
+    point-wise layers whose ablation centres the input of their map."""
+    ablation = "centring removed from LN, added to RMS" + (
+        f" and before the point-wise map of {', '.join(pointwise)}" if pointwise else "")
+    return (f"| model | norm | runs | step | final val loss, uncentred − centred{replaced}, paired by seed: mean "
+            "[95% t interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same "
+            "mean to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm "
+            f"inputs | ablation at every norm ({ablation}): Δ loss [95% interval: t over seeds, bootstrap for one "
+            "run] |\n|---|---|---:|---:|---|---|---|---|")
 
 
 def loss_cell(comparison: Comparison) -> str:
@@ -142,20 +152,19 @@ def verdict_rows(group: Group, cells: list[AngleCells]) -> list[str]:
     """The group's rows of the verdict table; the angle cells of each go to `cells` too (for the footnotes)."""
     rows = []
     model = f"{group.title}†" if group.model in DEMO_MODELS else group.title
-    for variant in group.variants():
-        runs, s = group.compared(variant), group.series_of(variant)
+    for arm in group.arms():
+        runs, s = group.compared(arm), group.series_of(arm)
         if not runs:
             continue
         steps = sorted({r.val_step for r in runs})
-        if variant.centred:
-            loss = "reference" if any(c.centred == variant.name for c in group.comparisons) else "no pair"
+        if found := [c for c in group.comparisons if c.other == s.norm]:
+            loss = "; ".join(map(loss_cell, found))
         else:
-            found = [c for c in group.comparisons if c.uncentred == variant.name]
-            loss = loss_cell(found[0]) if found else "no pair"
+            loss = "reference" if any(c.base == s.norm for c in group.comparisons) else "no pair"
         angles = angle_cells(s, set(steps))
         cells.append(angles)
         ablation = ablation_cell(s, f"normlab-ablate model_path={runs[0].dir}", set(steps))
-        rows.append(f"| {model} | {variant.name} | {len(runs)} | {', '.join(f'{x:,}' for x in steps)} | {loss} | "
+        rows.append(f"| {model} | {s.norm} | {len(runs)} | {', '.join(f'{x:,}' for x in steps)} | {loss} | "
                     f"{angles.deviation} | {angles.share} | {ablation} |")
     left_out = [r for r in group.runs if r.left_out]
     if not rows and left_out:
@@ -202,26 +211,33 @@ def verdict(groups: list[Group], pretrained: list[Pretrained]) -> tuple[str, str
     """The verdict table (its header, a row per group and norm, one per pretrained model) and its footnotes."""
     cells: list[AngleCells] = []
     rows = [r for g in groups for r in verdict_rows(g, cells)] + [pretrained_row(m, cells) for m in pretrained]
-    pointwise = any(not s.normalizes for g in groups for s in g.series())
-    return "\n".join([verdict_header(pointwise), *rows]) + "\n", footnotes(groups, cells)
+    header = verdict_header(replacements([c for g in groups for c in g.comparisons]), pointwise_layers(groups))
+    return "\n".join([header, *rows]) + "\n", footnotes(groups, cells)
+
+
+def pointwise_layers(groups: list[Group]) -> list[str]:
+    """The norms compared that divide their input by no statistic of it (DyT)."""
+    return sorted({s.norm for g in groups for s in g.series() if not s.normalizes})
 
 
 def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
     notes = []
     if any(g.model in DEMO_MODELS for g in groups):
         notes.append(f"† {DEMO_NOTE}.")
-    both = sorted({c.label for g in groups for c in g.comparisons if c.bias is None and not c.pointwise})
-    if both:
-        notes.append(f"{', '.join(both)}: these runs differ in the bias as well as in the centring (LayerNorm has a "
-                     "bias β, RMSNorm none), so the difference is not the centring's alone. The sweep "
+    both = {c.label: c for g in groups for c in g.comparisons if c.centring and c.bias is None}
+    for label, c in sorted(both.items()):
+        with_bias, without = (c.base, c.other) if c.base_traits.bias else (c.other, c.base)
+        notes.append(f"{label}: these runs differ in the bias as well as in the centring ({with_bias} has a bias β, "
+                     f"{without} none), so the difference is not the centring's alone. The sweep "
                      "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
                      "table below the verdict).")
-    if pointwise := sorted({s.norm for g in groups for s in g.series() if not s.normalizes}):
-        notes.append(f"{', '.join(pointwise)}: no norm at all (γ tanh(αx) + β where LayerNorm centres and rescales "
-                     "by a statistic of x), so its loss cell can support a difference from LayerNorm in everything the "
-                     "norm does (whether their mean final loss over seeds differs, at this size and step), not the "
-                     "centring's effect, which only the uncentred − centred rows measure; its ablation centres its "
-                     "inputs before the tanh.")
+    if replaced := sorted({c.label for g in groups for c in g.comparisons if not c.centring}):
+        notes.append(f"{'; '.join(replaced)}: one norm in place of another, so the loss cell can support a difference "
+                     "in everything the norm does (whether their mean final loss over seeds differs, at this size and "
+                     "step), not the centring's effect, which only the uncentred − centred rows measure.")
+    if pointwise := pointwise_layers(groups):
+        notes.append(f"{', '.join(pointwise)}: no norm, a point-wise layer (it divides its input by no statistic of "
+                     "it); its ablation centres its inputs before its point-wise map.")
     if any(not c.measured_null for c in cells):
         notes.append("‡ null sd of a mean over independent tokens, (180/π)/√d/√count: these angles.csv files "
                      "have no null_random_std_deg (the spread of the mean angle over random directions). Tokens of "

@@ -58,9 +58,8 @@ class AngleCallback(L.Callback):
         self.steps = set(checkpoint_steps(trainer.max_steps, **self.schedule))
         self.run = RunDirectory.of(trainer)
         if self.run is None:
-            raise ConfigError(
-                "callbacks.angles writes angles.csv through the run directory: keep callbacks.scheduled_checkpoints"
-            )
+            raise ConfigError("callbacks.angles writes angles.csv through the run directory: build the Trainer with "
+                              "one (pipeline.build_trainer's run)")
 
     def on_train_start(self, trainer, pl_module):
         """Measure the checkpoint steps up to this one that angles.csv lacks: step 0 of a fresh run, the current
