@@ -8,8 +8,10 @@ RUN_ID_FILE = "run_id"  # in a run directory: its wandb run id (train/normlab/tr
 
 # Settings (and everything below them) that only name, place, log or speed up a run, or say where it runs: they
 # change neither what it computes (beyond float rounding) nor what it records, so they stay out of its name and may
-# change when it resumes. (The devices may change because the global batch is checked itself: run_config.py.)
-NOT_IDENTITY = ("experiment", "experiment_name", "run_name", "run_dir", "restart", "paths", "logger", "runtime",
+# change when it resumes. (The devices may change because the global batch is checked itself: run_config.py.) The
+# analysis the report makes of a run is declared with it, but is not the run.
+NOT_IDENTITY = ("experiment", "experiment_name", "run_name", "run_dir", "restart", "analysis", "paths", "logger",
+                "runtime",
                 "hydra", "activation_checkpointing", "strategy", "trainer.devices", "trainer.num_nodes",
                 "trainer.accelerator", "trainer.strategy", "data.dir", "data.num_workers", "data.verify_checksums",
                 "probe.dir", "callbacks.angles.probe_dir", "callbacks.throughput",

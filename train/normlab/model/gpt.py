@@ -9,7 +9,7 @@ the user's, passed in as a factory; nothing else in the model depends on it.
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from normlab.common.errors import ConfigError
 
 NormFactory = Callable[[int], nn.Module]
+SITE_KINDS = ("attention", "mlp", "final")  # the norms before attention (ln_1), before the MLP (ln_2), before the head
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,11 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: GPTConfig, norm: NormFactory):
+    def __init__(self, config: GPTConfig, attention_norm: NormFactory, mlp_norm: NormFactory):
         super().__init__()
-        self.ln_1 = norm(config.n_embd)
+        self.ln_1 = attention_norm(config.n_embd)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = norm(config.n_embd)
+        self.ln_2 = mlp_norm(config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -85,14 +86,21 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig, norm: NormFactory):
+    """`norm` builds every norm layer but those of a site kind (SITE_KINDS) that `sites` gives a factory of its own
+    (DyT's alpha_init per site kind, as its paper sets it for language models)."""
+
+    def __init__(self, config: GPTConfig, norm: NormFactory, sites: Mapping[str, NormFactory] | None = None):
         super().__init__()
+        unknown = set(sites or {}) - set(SITE_KINDS)
+        if unknown:
+            raise ConfigError(f"unknown norm site kind {sorted(unknown)[0]!r}: the kinds are {', '.join(SITE_KINDS)}")
+        factory = {kind: (sites or {}).get(kind, norm) for kind in SITE_KINDS}
         self.config, self.norm_factory = config, norm
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config, norm) for _ in range(config.n_layer))
-        self.ln_f = norm(config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, factory["attention"], factory["mlp"]) for _ in range(config.n_layer))
+        self.ln_f = factory["final"](config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight

@@ -134,6 +134,30 @@ OPTIMIZER_RANGES = {
 }
 
 
+def norm_sites(norm: DictConfig) -> dict[str, dict]:
+    """norm.sites: for a site kind (attention, mlp, final: model.gpt.SITE_KINDS), the settings of norm.layer that
+    differ there (DyT's alpha_init per site kind); {} for a norm without them."""
+    sites = norm.get("sites")
+    if not sites:
+        return {}
+    if not isinstance(sites, DictConfig) or any(not isinstance(v, DictConfig) for v in sites.values()):
+        raise ConfigError("norm.sites must map a site kind (attention, mlp, final) to settings of norm.layer, "
+                          "e.g. {attention: {alpha_init: 0.8}}")
+    return {str(kind): OmegaConf.to_container(settings, resolve=True) for kind, settings in sites.items()}
+
+
+PRIMARY_CONTRASTS = ("centring", "bias", "interaction")  # the effects of the centring x bias 2x2
+
+
+def check_analysis(analysis) -> None:
+    """analysis (conf/train.yaml): the report's primary contrast and how many validations make a final loss."""
+    unknown_keys("analysis", analysis, {"primary", "final_validations"})
+    primary = analysis.get("primary")
+    if primary is not None and primary not in PRIMARY_CONTRASTS:
+        raise ConfigError(f"analysis.primary={shown(primary)}: give {one_of(list(PRIMARY_CONTRASTS))}, or null")
+    positive_int("analysis.final_validations", analysis.get("final_validations", 1))
+
+
 def check_optimizer(optimizer: DictConfig) -> None:
     lr = optimizer.get("lr")
     if not is_number(lr) or not lr > 0:
@@ -236,6 +260,7 @@ def check_train_config(cfg: DictConfig) -> None:
         positive_int("global_batch_size", cfg.global_batch_size)
     fraction("schedule.warmup_fraction", cfg.schedule.warmup_fraction)
     fraction("schedule.min_lr_ratio", cfg.schedule.min_lr_ratio)
+    check_analysis(cfg.get("analysis") or {})
     check_optimizer(cfg.optimizer)
     for key in ("max_steps", "val_check_interval", "num_nodes"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
@@ -255,6 +280,8 @@ def check_train_config(cfg: DictConfig) -> None:
                               "can use: train on the CPU here (trainer=default, or trainer.accelerator=cpu)")
     model_settings(cfg.model)
     objects = {"data": cfg.data, "trainer": cfg.trainer, "norm.layer": cfg.norm.layer}
+    for kind, settings in norm_sites(cfg.norm).items():
+        objects[f"norm.sites.{kind}"] = OmegaConf.merge(OmegaConf.to_container(cfg.norm.layer, resolve=True), settings)
     if isinstance(cfg.trainer.strategy, DictConfig):
         objects["trainer.strategy"] = cfg.trainer.strategy
     objects.update({f"callbacks.{k}": v for k, v in (cfg.get("callbacks") or {}).items()})

@@ -5,6 +5,7 @@ path: conf -> train(cfg) -> data module, model, run directory, callbacks, logger
 Lightning are imported where they are used, so that a bad command line is answered in a second."""
 
 import sys
+from functools import partial
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -13,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError, Interrupted, NormlabError, process_rank, received
-from normlab.training.checks import check_train_config, model_settings
+from normlab.training.checks import check_train_config, model_settings, norm_sites
 
 
 def build(config: DictConfig):
@@ -32,7 +33,9 @@ def build_model(cfg: DictConfig):
     not GPTConfig's is refused in one line (checks.model_settings)."""
     from normlab.model.gpt import GPT, GPTConfig
 
-    model = GPT(GPTConfig(**model_settings(cfg.model)), norm=instantiate(cfg.norm.layer))
+    layer = instantiate(cfg.norm.layer)
+    sites = {kind: partial(layer, **settings) for kind, settings in norm_sites(cfg.norm).items()}
+    model = GPT(GPTConfig(**model_settings(cfg.model)), norm=layer, sites=sites)
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
     return model
 

@@ -35,10 +35,13 @@ class Arm:
     layer: str  # norm.layer, as JSON with sorted keys
     traits: "Traits" = field(compare=False)
     style: dict | None = field(default=None, compare=False, hash=False)
+    sites: str = "{}"  # norm.sites less what equals norm.layer's, as JSON: {"mlp": {"alpha_init": 0.05}}
 
     @property
     def settings(self) -> dict:
-        return json.loads(self.layer)
+        """norm.layer's settings, then those of a site kind where they differ (`mlp.alpha_init`)."""
+        per_site = {f"{kind}.{k}": v for kind, settings in json.loads(self.sites).items() for k, v in settings.items()}
+        return json.loads(self.layer) | per_site
 
     @property
     def order(self) -> tuple:  # the 2x2: layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm; then the others (dyt)
@@ -72,12 +75,15 @@ def layer_traits(layer: str) -> "Traits":
 def arm_of(config: dict, path: Path) -> Arm:
     """The norm of a run's config (`path`, its config.yaml)."""
     norm = config["norm"]
-    layer = json.dumps(norm.get("layer") or {}, sort_keys=True, default=str)
+    settings = norm.get("layer") or {}
+    layer = json.dumps(settings, sort_keys=True, default=str)
     try:
         traits = layer_traits(layer)
     except AnalysisError as e:
         raise AnalysisError(f"{path}: {e}") from None
-    return Arm(str(norm["name"]), layer, traits, norm.get("style") or None)
+    sites = {kind: differing for kind, given in (norm.get("sites") or {}).items()
+             if (differing := {k: v for k, v in given.items() if settings.get(k) != v})}
+    return Arm(str(norm["name"]), layer, traits, norm.get("style") or None, json.dumps(sites, sort_keys=True))
 
 
 INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions", "resampling_units"}
