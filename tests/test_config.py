@@ -238,6 +238,13 @@ USERS_NORM = ["norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.ep
     (["data.num_workers=1.5"], "data.num_workers=1.5: give a whole number"),
     (["callbacks.throughput.peak_flops=abc"], "callbacks.throughput.peak_flops=abc: give a number or null"),
     (["+trainer.enable_progress_bar=yes"], "trainer.enable_progress_bar=yes: give true, false or null"),
+    (["norm=dyt", "norm.sites.mlp.alpha_init=abc"], "norm.sites.mlp.alpha_init=abc: give a number"),
+    (["norm=dyt", "+norm.sites.final.beta=1"], "unknown key norm.sites.final.beta (added with +?): "
+     "normlab.model.norms.DyT has no parameter 'beta'; remove it, or check its spelling"),
+    (["norm=dyt", "norm.sites=3"], "norm.sites must map a site kind (attention, mlp, final) to settings of "
+     "norm.layer, e.g. {attention: {alpha_init: 0.8}}"),
+    (["analysis.primary=loss"], "analysis.primary=loss: give centring, bias or interaction, or null"),
+    (["analysis.final_validations=0"], "analysis.final_validations=0: give a positive whole number"),
 ])
 def test_a_setting_of_the_wrong_type_or_range_is_refused_in_one_line(overrides, message):
     with pytest.raises(ConfigError) as refused:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import compose_config, run_cli
+from normlab.common.errors import ConfigError
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm, RMSNorm
 from normlab.training.pipeline import build_model
@@ -96,3 +97,21 @@ def test_initialisation_follows_gpt2():
     assert abs(model.blocks[0].mlp.c_proj.weight.std().item() - 0.02 / (2 * 4) ** 0.5) < 1e-3
     assert torch.all(model.blocks[0].attn.c_attn.bias == 0)
     assert torch.all(model.blocks[0].ln_1.weight == 1) and torch.all(model.blocks[0].ln_1.bias == 0)
+
+
+def test_a_norm_takes_settings_per_site_kind_and_only_the_norms_differ():
+    """DyT's alpha_init per site kind (norm.sites: attention ln_1, mlp ln_2, final ln_f; the layer's where a site
+    kind says nothing): the model of each setting has the weights of every other parameter of the default's."""
+    sites = ["norm=dyt", "norm.layer.alpha_init=0.2", "norm.sites.attention.alpha_init=0.8"]
+    model, default = build_model(compose_config("train", sites)), build_model(compose_config("train", ["norm=dyt"]))
+    for m in (model, default):
+        m.init_weights(seed=3)
+    alphas = [(b.ln_1.alpha.item(), b.ln_2.alpha.item()) for b in model.blocks]
+    assert alphas == [(pytest.approx(0.8), pytest.approx(0.2))] * model.config.n_layer
+    assert model.ln_f.alpha.item() == pytest.approx(0.2)
+    assert all(b.ln_1.alpha.item() == b.ln_2.alpha.item() == 0.5 for b in default.blocks)
+    different = {n for n, p in model.state_dict().items() if not torch.equal(p, default.state_dict()[n])}
+    assert different == {f"blocks.{i}.ln_{k}.alpha" for i in range(model.config.n_layer) for k in (1, 2)} | {
+        "ln_f.alpha"}
+    with pytest.raises(ConfigError, match="unknown norm site kind 'head': the kinds are attention, mlp, final"):
+        GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=50), LayerNorm, {"head": RMSNorm})
