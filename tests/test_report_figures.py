@@ -13,6 +13,8 @@ from matplotlib.colors import to_rgba
 from conftest import compose_config
 from normlab.probe.figure import angles_by_layer_figure
 from normlab.study.report.figures import (
+    STYLE,
+    UNIGRAM_LABEL,
     ablation_figure,
     angles_training_figure,
     loss_differences_figure,
@@ -52,8 +54,12 @@ def conf_style(norm: str) -> dict:
     return dict(compose_config("train", [f"norm={norm}"]).norm.style)
 
 
-def group_of(root: Path) -> Group:
+def group_of(root: Path, unigram_loss: float | None = None) -> Group:
+    """The one group of the runs under `root`, with the unigram loss given (not that of the prepared data that the
+    runs' config names, which this machine may or may not hold)."""
     (group,) = group_runs(find_runs([root])[0])
+    for run in group.runs:
+        run.unigram_loss = unigram_loss
     return group
 
 
@@ -74,6 +80,15 @@ def bands(ax) -> list[PolyCollection]:
 def errorbar_labelled(ax, label: str):
     (container,) = [c for c in ax.containers if c.get_label() == label]
     return container
+
+
+def one_line(text: str) -> str:
+    """A label as it reads, without the breaks that fit it to its panel."""
+    return " ".join(text.split())
+
+
+def null_bands_of(ax) -> list[PolyCollection]:
+    return [band for band in bands(ax) if band.get_label().startswith("null")]
 
 
 VAL = {("layernorm", 0): {5: 3.60, 10: 3.00}, ("rmsnorm", 0): {5: 3.65, 10: 3.02},  # differences 0.05, 0.02
@@ -103,7 +118,9 @@ def test_the_loss_figure_gives_validation_its_own_axis_and_the_paired_difference
         assert sorted({round(y, 9) for x, y in corners if x == step}) == pytest.approx([interval.low, interval.high])
     final = Interval.of([0.02, 0.03])  # 0.025 +- 12.7062 x 0.00707 / sqrt 2
     assert difference.get_title().endswith(f"step 10: {final.text()}") and final.text() == "+0.0250 [-0.0385, +0.0885]"
-    assert "> 0: centring helps" in difference.get_ylabel() and "nats/token" in difference.get_ylabel()
+    # the bias differs too: the sign names the norms, not the centring
+    assert "> 0: rmsnorm higher than layernorm" in one_line(difference.get_ylabel())
+    assert "nats/token" in difference.get_ylabel() and "centr" not in difference.get_ylabel()
     assert "step 10" in fig.get_suptitle()
 
 
@@ -127,22 +144,25 @@ def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure
 
     losses, final = losses_figure(group), loss_differences_figure(group)
 
-    titles = [ax.get_title().split("\n")[0] for ax in losses.axes]
-    assert "rmsnorm_bias − layernorm (with bias)" in titles
-    assert "rmsnorm − layernorm_nobias (without bias)" in titles
+    for title in ("rmsnorm_bias − layernorm (with bias)\n", "rmsnorm − layernorm_nobias (without bias)\n"):
+        ylabel = one_line(axis_titled(losses, title).get_ylabel())  # the bias is common: the centring alone differs
+        assert ylabel.startswith("val loss, uncentred − centred,") and ylabel.endswith("> 0: uncentred higher)")
     (ax,) = final.axes
-    assert "final validation loss (step 10), paired by seed" in ax.get_title()
+    assert "final validation loss (step 10), paired by seed" in final.get_suptitle()
+    assert one_line(ax.get_ylabel()) == "final val loss, uncentred − centred (nats/token; > 0: uncentred higher)"
     means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
     assert means == pytest.approx([0.03, -0.01])  # with the bias 3.03 - 3.00 in both seeds, without 3.01 - 3.02
 
 
 DYT_VAL = {("layernorm", 0): {5: 3.60, 10: 3.00}, ("rmsnorm", 0): {5: 3.65, 10: 3.02},
-           ("dyt", 0): {5: 3.90, 10: 3.25},  # dyt − layernorm 0.30, 0.25
+           ("dyt", 0): {5: 4.90, 10: 4.25},  # dyt − layernorm 1.30, 1.25: far above the norms that normalize
            ("layernorm", 1): {5: 3.70, 10: 3.10}, ("rmsnorm", 1): {5: 3.71, 10: 3.13},
-           ("dyt", 1): {5: 3.75, 10: 3.30}}  # and 0.05, 0.20
+           ("dyt", 1): {5: 4.75, 10: 4.30}}  # and 1.05, 1.20
 
 
-def test_dyt_is_drawn_in_its_colour_with_its_difference_from_layernorm_on_axes_of_its_own(tmp_path):
+def test_dyt_is_drawn_in_its_colour_with_its_losses_and_differences_on_axes_of_their_own(tmp_path):
+    """DyT's losses, far above, would squash those of the norms that normalize on one y axis: a point-wise layer
+    (by its traits, not its name) gets its own validation panel and its own axis of final differences."""
     for (norm, seed), val in DYT_VAL.items():
         run = make_run(tmp_path, f"{norm}-seed{seed}", norm, seed)
         plant_losses(run, val)
@@ -154,26 +174,32 @@ def test_dyt_is_drawn_in_its_colour_with_its_difference_from_layernorm_on_axes_o
     angles, ablation = angles_by_layer_figure(group.title, group.series()), ablation_figure(group.title, group.series())
 
     dyt_color = to_rgba(conf_style("dyt")["color"])
-    val = axis_titled(losses, "validation loss")
+    normalizing = axis_titled(losses, "validation loss:\nnormalizing norms")
+    pointwise = axis_titled(losses, "validation loss:\npoint-wise layers")
+    assert normalizing.get_ylim()[1] < min(DYT_VAL[("dyt", 0)].values())  # DyT's losses lie above its range
+    assert not [line for line in normalizing.get_lines() if line.get_label().startswith("dyt")]
+    assert line_labelled(normalizing, "rmsnorm seed 1").get_ydata() == pytest.approx([3.71, 3.13])
     for seed in (0, 1):
-        line = line_labelled(val, f"dyt seed {seed}")
+        line = line_labelled(pointwise, f"dyt seed {seed}")
         assert to_rgba(line.get_color()) == dyt_color
         assert list(line.get_ydata()) == pytest.approx(list(DYT_VAL[("dyt", seed)].values()))
     difference = axis_titled(losses, "dyt − layernorm\n(a point-wise layer in place of layernorm)\n")
-    for seed, planted in ((0, [0.30, 0.25]), (1, [0.05, 0.20])):
+    for seed, planted in ((0, [1.30, 1.25]), (1, [1.05, 1.20])):
         line = line_labelled(difference, f"seed {seed}: its pair's difference")
         assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
-    assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([0.175, 0.225])
-    assert difference.get_title().endswith(f"step 10: {Interval.of([0.25, 0.20]).text()}")
-    assert "dyt − layernorm" in difference.get_ylabel() and "centring" not in difference.get_ylabel()
-    assert "centring helps" in axis_titled(losses, "rmsnorm − layernorm (the bias differs too)\n").get_ylabel()
-    (ax,) = final.axes
-    means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
-    assert means == pytest.approx([0.025, 0.225])  # rmsnorm − layernorm: 0.02, 0.03; dyt − layernorm: 0.25, 0.20
-    seeds = [list(line.get_ydata()) for line in ax.get_lines() if line.get_label().startswith("one seed's pair")]
-    assert seeds[1] == pytest.approx([0.25, 0.20])
-    assert ax.get_xticklabels()[1].get_text() == "dyt − layernorm\n(a point-wise layer in place\nof layernorm)"
-    assert "first − second norm" in ax.get_ylabel() and "centring" not in ax.get_ylabel()
+    assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([1.175, 1.225])
+    assert difference.get_title().endswith(f"step 10: {Interval.of([1.25, 1.20]).text()}")
+    assert one_line(difference.get_ylabel()) == ("val loss, dyt − layernorm, paired by seed "
+                                                 "(nats/token; > 0: dyt higher than layernorm)")
+    normalizing, pointwise = axis_titled(final, "between normalizing norms"), axis_titled(final, "with a point-wise")
+    means = [c.lines[0].get_ydata()[0] for ax in (normalizing, pointwise) for c in ax.containers
+             if c.get_label() == "mean, t 95% interval over 2 seeds"]
+    assert means == pytest.approx([0.025, 1.225])  # rmsnorm − layernorm: 0.02, 0.03; dyt − layernorm: 1.25, 1.20
+    (seeds,) = [list(line.get_ydata()) for line in pointwise.get_lines() if line.get_label().startswith("one seed")]
+    assert seeds == pytest.approx([1.25, 1.20])
+    assert pointwise.get_xticklabels()[0].get_text() == "dyt − layernorm\n(a point-wise layer in place\nof layernorm)"
+    assert "> 0: rmsnorm higher than layernorm" in one_line(normalizing.get_ylabel())
+    assert "> 0: dyt higher than layernorm" in one_line(pointwise.get_ylabel())
     mean = errorbar_labelled(axis_titled(angles, "angle to 1 at the norm inputs"),
                              "dyt: mean of 2 runs, bars ± std over tokens").lines[0]
     assert mean.get_ydata()[FINAL_INPUT] == pytest.approx(92.5) and to_rgba(mean.get_color()) == dyt_color
@@ -183,6 +209,20 @@ def test_dyt_is_drawn_in_its_colour_with_its_difference_from_layernorm_on_axes_o
     assert "dyt: its input centred before its point-wise map" in ax.get_title()
 
 
+def test_the_loss_curves_draw_the_unigram_loss_where_it_is_known(tmp_path):
+    for (norm, seed), val in DYT_VAL.items():
+        plant_losses(make_run(tmp_path, f"{norm}-seed{seed}", norm, seed), val)
+    panels = ("training loss", "validation loss:\nnormalizing norms", "validation loss:\npoint-wise layers")
+
+    known, unknown = losses_figure(group_of(tmp_path, 5.5)), losses_figure(group_of(tmp_path, None))
+
+    for title in panels:
+        line = line_labelled(axis_titled(known, title), UNIGRAM_LABEL)
+        assert list(line.get_ydata()) == [5.5, 5.5] and list(line.get_xdata()) == [0, 1]  # across the panel
+    assert UNIGRAM_LABEL in [one_line(text.get_text()) for text in known.legends[0].get_texts()]
+    assert not [line for ax in unknown.axes for line in ax.get_lines() if line.get_label() == UNIGRAM_LABEL]
+
+
 def plant_seeds(root: Path, angles: dict[str, list[float]], null_sd: dict[str, float]) -> Group:
     for norm, per_seed in angles.items():
         for seed, angle in enumerate(per_seed):
@@ -190,9 +230,9 @@ def plant_seeds(root: Path, angles: dict[str, list[float]], null_sd: dict[str, f
     return group_of(root)
 
 
-def test_angles_by_layer_shows_each_seeds_mean_and_null_bands_that_do_not_blend(tmp_path):
+def test_angles_by_layer_shows_each_seeds_mean_and_one_null_band_for_norms_whose_nulls_coincide(tmp_path):
     group = plant_seeds(tmp_path, {"layernorm": [90.5, 91.5], "rmsnorm": [92.0, 94.7]},
-                        {"layernorm": 0.4, "rmsnorm": 0.5})
+                        {"layernorm": 0.4, "rmsnorm": 0.42})  # edges 0.02 apart: within NULL_MATCH of a sd
 
     fig = angles_by_layer_figure(group.title, group.series())
 
@@ -203,14 +243,30 @@ def test_angles_by_layer_shows_each_seeds_mean_and_null_bands_that_do_not_blend(
         assert sorted(at_final) == pytest.approx(planted)
         mean = errorbar_labelled(inputs, f"{norm}: mean of 2 runs, bars ± std over tokens").lines[0]
         assert mean.get_ydata()[FINAL_INPUT] == pytest.approx(sum(planted) / 2)
-    layernorm, rmsnorm = bands(inputs)
-    for band, norm, sd in ((layernorm, "layernorm", 0.4), (rmsnorm, "rmsnorm", 0.5)):
-        assert band.get_label().startswith(f"null {norm}: mean angle to random directions ± 1 sd")
-        assert all(alpha == 0 for *_, alpha in band.get_facecolor())  # no translucent fill to blend
-        assert to_rgba(band.get_edgecolor()[0])[:3] == to_rgba(conf_style(norm)["color"])[:3]
-        assert sorted({round(y, 9) for _, y in band.get_paths()[0].vertices}) == pytest.approx([90 - sd, 90 + sd])
-    assert layernorm.get_hatch() != rmsnorm.get_hatch()
+    for ax in fig.axes:
+        (band,) = null_bands_of(ax)  # one band, not one per norm overlapping into a pattern
+        assert band.get_label() == "null of every norm: mean angle to random directions ± 1 sd (for the runs' mean)"
+        assert band.get_hatch() is None and band.get_facecolor()[0][3] <= 0.15  # unhatched, light
+        assert sorted({round(y, 9) for _, y in band.get_paths()[0].vertices}) == pytest.approx([89.58, 90.42])
     assert "bars ± std over tokens" in inputs.get_ylabel() and fig.get_suptitle().endswith("step 10")
+
+
+def test_a_norm_whose_null_differs_gets_a_band_of_its_own(tmp_path):
+    """A point-wise layer that learned token frequencies only has a residual stream of nearly one vector, whose mean
+    angle to random directions spreads far wider: one band for the norms alike, one in DyT's colour for it."""
+    group = plant_seeds(tmp_path, {"layernorm": [90.0], "rmsnorm": [90.0], "dyt": [97.0]},
+                        {"layernorm": 0.4, "rmsnorm": 0.42, "dyt": 4.0})
+
+    fig = angles_by_layer_figure(group.title, group.series())
+
+    inputs = axis_titled(fig, "angle to 1 at the norm inputs")
+    alike, dyt = null_bands_of(inputs)
+    assert alike.get_label().startswith("null of layernorm, rmsnorm: mean angle to random directions ± 1 sd")
+    assert to_rgba(alike.get_edgecolor()[0])[:3] == to_rgba("grey")[:3]
+    assert dyt.get_label().startswith("null of dyt: ")
+    assert to_rgba(dyt.get_edgecolor()[0])[:3] == to_rgba(conf_style("dyt")["color"])[:3]
+    assert sorted({round(y, 9) for _, y in dyt.get_paths()[0].vertices}) == pytest.approx([86.0, 94.0])
+    assert len(null_bands_of(axis_titled(angles_training_figure(group.title, group.series()), "final norm"))) == 2
 
 
 def test_angles_by_layer_of_one_run_draws_no_seed_markers(tmp_path):
@@ -278,8 +334,45 @@ def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_f
             styles[norm] = (to_rgba(line.get_color()), line.get_marker())
         assert len({color for color, _ in styles.values()}) == len({marker for _, marker in styles.values()}) == len(
             norms)
-        val = axis_titled(losses_figure(group), "validation loss")
-        assert all(to_rgba(line_labelled(val, f"{norm} seed 0").get_color()) == styles[norm][0] for norm in norms)
+        validation = {line.get_label(): line for ax in losses_figure(group).axes
+                      if ax.get_title().startswith("validation loss") for line in ax.get_lines()}  # DyT's: its own
+        assert all(to_rgba(validation[f"{norm} seed 0"].get_color()) == styles[norm][0] for norm in norms)
         drawn.append(styles)
     assert all(drawn[0][norm] == drawn[1][norm] for norm in users)
     assert drawn[0]["layernorm"] == (to_rgba("tab:blue"), "o") and drawn[1]["dyt"] == (to_rgba("tab:green"), "v")
+
+
+def inside(extent, canvas) -> bool:
+    """Whether a window extent lies within the canvas (to the pixel rounding of its edges)."""
+    return (extent.x0 >= canvas.x0 - 0.5 and extent.y0 >= canvas.y0 - 0.5 and extent.x1 <= canvas.x1 + 0.5
+            and extent.y1 <= canvas.y1 + 0.5)
+
+
+def test_every_figure_keeps_its_legend_and_labels_inside_the_canvas(tmp_path):
+    """Five norms of two seeds each, DyT's null apart: the longest legends the report draws for a 2x2 and DyT, in the
+    report's style; the per-layer figure also in matplotlib's defaults, as training's angle callback draws it."""
+    norms = ("layernorm", "rmsnorm_bias", "layernorm_nobias", "rmsnorm", "dyt")
+    for k, norm in enumerate(norms):
+        for seed in (0, 1):
+            run = make_run(tmp_path, f"{norm}-seed{seed}", norm, seed)
+            plant_losses(run, {5: 3.6 + k / 10, 10: 3.0 + k / 100 + seed / 50})
+            plant_angles(run, 97.0 if norm == "dyt" else 90.0 + seed, 4.0 if norm == "dyt" else 0.5)
+            write_ablation(run, 0.01 * (seed + 1), 0.0, 0.03)
+    group = group_of(tmp_path, unigram_loss=4.0)
+    series = group.series()
+
+    with plt.rc_context(STYLE):
+        figures = {"loss": losses_figure(group), "loss_difference": loss_differences_figure(group),
+                   "angles_by_layer": angles_by_layer_figure(group.title, series),
+                   "references": references_figure(group.title, series),
+                   "angles_training": angles_training_figure(group.title, series),
+                   "ablation": ablation_figure(group.title, series)}
+    figures["angles_by_layer, matplotlib's defaults"] = angles_by_layer_figure(group.title, series)
+
+    for name, fig in figures.items():
+        fig.canvas.draw()
+        (legend,) = fig.legends
+        assert inside(legend.get_window_extent(), fig.bbox), name
+        everything = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
+        assert inside(everything, fig.bbox), name  # titles, axis labels and ticks too
+    assert len(null_bands_of(axis_titled(figures["angles_by_layer"], "angle to 1 at the norm inputs"))) == 2

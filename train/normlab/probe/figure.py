@@ -1,7 +1,8 @@
 """The per-layer angle figure (the angle to 1 at the norms' inputs and outputs, every norm overlaid, with each run's
 mean beside the runs' mean and the null each mean angle is compared with) and the drawing conventions the report's
-other figures share: a colour and marker per norm (norm_styles), markers per seed, one tick per norm site, null
-bands that never blend, one legend below the panels, titles that name the step, PDF and PNG at print resolution.
+other figures share: a colour and marker per norm (norm_styles), markers per seed, one tick per norm site, one null
+band per set of norms whose nulls coincide, one legend below the panels and inside the canvas, titles that name the
+step, PDF and PNG at print resolution.
 Training's angle callback draws the per-layer figure for each probe, the report for each group of runs and pretrained
 model."""
 
@@ -9,6 +10,7 @@ import functools
 import hashlib
 import logging
 import re
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +33,11 @@ PALETTE = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray", "navy",
 MARKERS = ("P", "X", "h", "*", "p", "<", ">", "d")
 SEED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")  # the k-th seed of a norm
 SEED_LINES = ("-", "--", ":", "-.")
-HATCHES = ("////", "\\\\\\\\", "||||", "----")  # the k-th norm's null band: crossing, never one blended colour
+# Two norms' nulls whose band edges differ by at most this many null sds (of the narrower) are drawn as one band (their
+# envelope): no point's distance from the band, in null sds, moves by more than that
+NULL_MATCH = 0.25
+LEGEND_MARGIN = 0.98  # of the figure's width: a legend never touches the canvas's edges
+SHORTEST_WRAP = 20  # characters: a legend's label is wrapped no narrower (then its columns are fewer)
 
 
 @dataclass
@@ -126,34 +132,99 @@ def site_axis(ax, keys: list[tuple]) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-def null_bands(ax, x: list[float], points: list[Point], color: str, name: str, per_site: bool = True,
-               hatch: str = HATCHES[0]) -> None:
-    """The null a mean angle is compared with: mean +- sd of the mean angle to random directions where measured
-    (a band, hatched in `color` and unfilled, so that the bands of several norms cross rather than blend into a
-    colour of their own), else dashed lines at 90 +- the sd of ONE random vector's angle (what the error bars
-    compare with). per_site: x are site ticks, each covered to half-way to its neighbours; else x are steps, joined."""
-    if per_site:
-        x = [edge for tick in x for edge in (tick - 0.5, tick + 0.5)]
-        points = [p for p in points for _ in range(2)]
-    drawstyle = "default" if per_site else "steps-mid"
-    if all(p.random_sd is not None for p in points):
-        ax.fill_between(x, [p.random_mean - p.random_sd for p in points], [p.random_mean + p.random_sd for p in points],
-                        step=None if per_site else "mid", facecolor="none", edgecolor=to_rgba(color, 0.6),
-                        hatch=hatch, lw=0.4, label=f"null{' ' + name if name else ''}: mean angle to random "
-                                                   "directions ± 1 sd (hatched; for the runs' mean)")
-    else:
-        for sign in (1, -1):
-            ax.plot(x, [90 + sign * p.single_sd for p in points], ls="--", lw=0.7, color="grey", drawstyle=drawstyle,
+@dataclass
+class Null:
+    """One series' null in a panel: the points (of its angle profile) at x, which hold the null's values."""
+    x: list[float]
+    points: list[Point]
+    norm: str = ""  # named in the band's label where the band is not every series'
+    color: str = "grey"
+
+    @property
+    def measured(self) -> bool:
+        """Whether angles.csv measured the null over random directions at every x."""
+        return all(p.random_sd is not None for p in self.points)
+
+
+def same_null(a: Null, b: Null) -> bool:
+    """Whether two measured nulls are one on the page: at every x, band edges within NULL_MATCH null sds."""
+    return a.x == b.x and all(abs(p.random_mean - q.random_mean) + abs(p.random_sd - q.random_sd)
+                              <= NULL_MATCH * min(p.random_sd, q.random_sd) for p, q in zip(a.points, b.points))
+
+
+def null_bands(ax, nulls: list[Null], per_site: bool = True) -> None:
+    """The null a mean angle is compared with, each drawn once: mean +- sd of the mean angle to random directions
+    where measured, one light unhatched band per set of series whose nulls coincide (same_null; the null depends on
+    the directions and the token distribution, nearly the same for norms that learned alike), so that a handful of
+    bands never overlap into a pattern; else dashed lines at 90 +- the sd of ONE random vector's angle (what the
+    error bars compare with). per_site: x are site ticks, each covered to half-way to its neighbours; else x are
+    steps, joined."""
+    nulls = [null for null in nulls if null.points]
+    measured = [null for null in nulls if null.measured]
+    sets: list[list[Null]] = []
+    for null in measured:
+        alike = next((members for members in sets if all(same_null(null, m) for m in members)), None)
+        if alike is None:
+            sets.append([null])
+        else:
+            alike.append(null)
+    for members in sets:
+        x, points = members[0].x, list(zip(*(m.points for m in members)))
+        lows = [min(p.random_mean - p.random_sd for p in at) for at in points]
+        highs = [max(p.random_mean + p.random_sd for p in at) for at in points]
+        whose = ("" if len(nulls) == 1 else " of every norm" if len(members) == len(nulls)
+                 else f" of {', '.join(m.norm for m in members)}")
+        color = members[0].color if len(members) == 1 else "grey"
+        ax.fill_between(*per_site_edges(x, lows, highs, per_site), step=None if per_site else "mid",
+                        facecolor=to_rgba(color, 0.12), edgecolor=to_rgba(color, 0.6), lw=0.5,
+                        label=f"null{whose}: mean angle to random directions ± 1 sd (for the runs' mean)")
+    drawn = set()
+    for null in [n for n in nulls if not n.measured]:
+        singles = tuple(p.single_sd for p in null.points)
+        if (tuple(null.x), singles) in drawn:  # the same d: the same lines
+            continue
+        drawn.add((tuple(null.x), singles))
+        x, lows, highs = per_site_edges(null.x, [90 - sd for sd in singles], [90 + sd for sd in singles], per_site)
+        for edge in (lows, highs):
+            ax.plot(x, edge, ls="--", lw=0.7, color="grey", drawstyle="default" if per_site else "steps-mid",
                     label="null: ONE random vector's angle, 90 ± (180/π)/√d (compare with the error bars)")
 
 
+def per_site_edges(x: list[float], lows: list[float], highs: list[float], per_site: bool) -> tuple[list, list, list]:
+    """x, lows and highs to draw: per site, each value held from half-way to the previous tick to half-way to the
+    next; else as given (steps)."""
+    if not per_site:
+        return x, lows, highs
+    edges = [edge for tick in x for edge in (tick - 0.5, tick + 0.5)]
+    return edges, [low for low in lows for _ in range(2)], [high for high in highs for _ in range(2)]
+
+
+def wrap_label(label: str, width: int) -> str:
+    return "\n".join(textwrap.fill(line, width) for line in label.splitlines())
+
+
 def legend_below(fig, axes, ncols: int = 2) -> None:
-    """One legend below the panels: each series and null once."""
+    """One legend below the panels, each series and null once, inside the canvas: its labels wrapped (then its
+    columns fewer) until it is narrower than the figure, and the figure taller by the legend's height, so that the
+    panels keep the height the caller gave them."""
     entries = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             entries.setdefault(label, handle)
-    fig.legend(entries.values(), entries.keys(), loc="outside lower center", ncols=min(ncols, len(entries)))
+    if not entries:
+        return
+    renderer = fig.canvas.get_renderer()
+    longest = max(len(line) for label in entries for line in label.splitlines())
+    widths = list(range(longest, SHORTEST_WRAP - 1, -4)) or [longest]  # characters a label's line may hold
+    for columns in range(min(ncols, len(entries)), 0, -1):
+        for width in widths:
+            legend = fig.legend(entries.values(), [wrap_label(label, width) for label in entries],
+                                loc="outside lower center", ncols=columns)
+            extent = legend.get_window_extent(renderer)
+            if extent.width <= LEGEND_MARGIN * fig.bbox.width or (columns == 1 and width == widths[-1]):
+                fig.set_figheight(fig.get_figheight() + extent.height / fig.dpi)
+                return
+            legend.remove()
 
 
 def angles_by_layer_figure(title: str, series: list[AngleSeries]) -> Figure | None:
@@ -165,13 +236,14 @@ def angles_by_layer_figure(title: str, series: list[AngleSeries]) -> Figure | No
     keys = sorted({k for p in profiles.values() for k in p}, key=site_sort)
     if not keys:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.8), sharey=True, layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.0), sharey=True, layout="constrained")
     beside = 0.4 * slot_width(len(series))  # each run's mean, right of the runs' mean
-    for ax, (io, io_label) in zip(axes, (("input", "norm inputs"), ("output", "norm outputs (affine included)"))):
-        for i, (s, dx) in enumerate(zip(series, offsets(len(series)))):
+    for ax, (io, io_label) in zip(axes, (("input", "norm inputs"), ("output", "norm outputs\n(affine included)"))):
+        null_bands(ax, [Null([keys.index(k) for k in profiles[(s.norm, io)]], list(profiles[(s.norm, io)].values()),
+                             s.norm, styles[s.norm].color) for s in series])
+        for s, dx in zip(series, offsets(len(series))):
             points, color, marker = profiles[(s.norm, io)], styles[s.norm].color, styles[s.norm].marker
             xs = [keys.index(k) for k in points]
-            null_bands(ax, xs, list(points.values()), color, s.norm, hatch=HATCHES[i % len(HATCHES)])
             ax.errorbar([x + dx for x in xs], [p.mean for p in points.values()],
                         yerr=[p.token_sd for p in points.values()], marker=marker, ls="none", ms=3,
                         capsize=1.5, lw=0.8, color=color,
@@ -183,7 +255,7 @@ def angles_by_layer_figure(title: str, series: list[AngleSeries]) -> Figure | No
                         color=color, label=f"{s.norm}: each run's (seed's) mean")
         ax.set_title(f"angle to 1 at the {io_label}")
         site_axis(ax, keys)
-    axes[0].set_ylabel("angle (degrees): mean, bars ± std over tokens")
+    axes[0].set_ylabel("angle to 1 (degrees)\nmean, bars ± std over tokens")
     legend_below(fig, axes)
     steps = {s for p in profiles.values() for point in p.values() for s in point.steps}
     fig.suptitle(f"{title}: {steps_title(steps)}")

@@ -13,10 +13,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from normlab.probe.figure import (
-    HATCHES,
     SEED_LINES,
     SEED_MARKERS,
     AngleSeries,
+    Null,
     angles_by_layer_figure,
     legend_below,
     norm_styles,
@@ -25,6 +25,7 @@ from normlab.probe.figure import (
     save,
     site_axis,
     steps_title,
+    wrap_label,
 )
 from normlab.probe.profiles import ROLE_TICKS, profile, runs_text, site_key, site_sort
 from normlab.probe.table import REFERENCES
@@ -38,7 +39,9 @@ REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction
                                 "ignores length)"}
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
-DIFFERENCE_LABEL = "val loss, uncentred − centred,\npaired by seed\n(nats/token; > 0: centring helps)"
+UNIGRAM_LABEL = "unigram loss (token frequencies only)"
+ANGLE_LABEL = "angle (degrees)\nmean, bars ± std over tokens"
+YLABEL_WIDTH = 38  # characters: a y label's line as long as a loss-difference panel is high
 
 
 def references_figure(title: str, series: list[Series]) -> Figure | None:
@@ -49,23 +52,28 @@ def references_figure(title: str, series: list[Series]) -> Figure | None:
     keys = sorted({k for p in profiles.values() for k in p}, key=site_sort)
     if not keys:
         return None
-    fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series), 3.8), sharey=True, squeeze=False,
+    cols = min(2, len(series))  # two panels to a printed page's width
+    rows = -(-len(series) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows + 0.4), sharey=True, squeeze=False,
                              layout="constrained")
-    for ax, s in zip(axes[0], series):
+    for ax, s in zip(axes.flat, series):
+        uniform = profiles[(s.norm, "uniform")]
+        null_bands(ax, [Null([keys.index(k) for k in uniform], list(uniform.values()))])
         for reference, dx in zip(REFERENCES, offsets(len(REFERENCES))):
             points = profiles[(s.norm, reference)]
             xs = [keys.index(k) for k in points]
-            if reference == "uniform":
-                null_bands(ax, xs, list(points.values()), "grey", "")
             ax.errorbar([x + dx for x in xs], [p.mean for p in points.values()],
                         yerr=[p.token_sd for p in points.values()], fmt=REFERENCE_MARKERS[reference], ms=3,
                         capsize=1.5, lw=0.8, color=REFERENCE_COLORS[reference], label=REFERENCE_LABELS[reference])
         ax.set_title(f"{s.norm}: norm inputs")
         site_axis(ax, keys)
-    axes[0][0].set_ylabel("angle (degrees): mean, bars ± std over tokens")
-    legend_below(fig, axes[0], ncols=1)
+    for ax in axes.flat[len(series):]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel(ANGLE_LABEL)
+    legend_below(fig, axes.flat, ncols=1)
     steps = {step for p in profiles.values() for point in p.values() for step in point.steps}
-    fig.suptitle(f"{title}: the angle to 1 beside two random directions, {steps_title(steps)}")
+    fig.suptitle(f"{title}:\nthe angle to 1 beside two random directions, {steps_title(steps)}")
     return fig
 
 
@@ -84,17 +92,18 @@ def angles_training_figure(title: str, series: list[Series]) -> Figure | None:
     keys = sorted({k for p in by_step.values() for k in p}, key=site_sort)
     cols = min(4, len(keys))
     rows = -(-len(keys) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 1.6 * rows + 1.2), sharex=True, sharey=True,
+    fig, axes = plt.subplots(rows, cols, figsize=(1.9 * cols, 1.6 * rows + 0.8), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
     linthresh = min(s for s in steps if s > 0)
     for i, (ax, key) in enumerate(zip(axes.flat, keys)):
-        for k, (s, dx) in enumerate(zip(series, offsets(len(series)))):
-            points = [(step, by_step[(s.norm, step)][key]) for step in steps if key in by_step[(s.norm, step)]]
-            if not points:
+        measured = {s.norm: [(step, by_step[(s.norm, step)][key]) for step in steps if key in by_step[(s.norm, step)]]
+                    for s in series}
+        null_bands(ax, [Null([step for step, _ in points], [point for _, point in points], norm, styles[norm].color)
+                        for norm, points in measured.items()], per_site=False)
+        for s, dx in zip(series, offsets(len(series))):
+            if not measured[s.norm]:
                 continue
-            xs, values = zip(*points)
-            null_bands(ax, list(xs), list(values), styles[s.norm].color, s.norm, per_site=False,
-                       hatch=HATCHES[k % len(HATCHES)])
+            xs, values = zip(*measured[s.norm])
             shifted = [x * 10 ** (0.15 * dx) if x > 0 else dx * linthresh for x in xs]  # bars side by side
             ax.errorbar(shifted, [p.mean for p in values], yerr=[p.token_sd for p in values],
                         marker=styles[s.norm].marker, ms=2, lw=0.8, capsize=1, color=styles[s.norm].color,
@@ -106,7 +115,8 @@ def angles_training_figure(title: str, series: list[Series]) -> Figure | None:
         ax.tick_params(axis="x", labelbottom=i + cols >= len(keys), labelrotation=90)
         if i + cols >= len(keys):
             ax.set_xlabel("step (symlog)")
-        ax.set_title("final norm input" if key[1] == "final_norm" else f"layer {key[0]} {ROLE_TICKS.get(key[1])} input")
+        layer, role = key
+        ax.set_title("final norm input" if role == "final_norm" else f"layer {layer} {ROLE_TICKS.get(role)} input")
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
@@ -126,10 +136,10 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 def paired_validation(comparison: Comparison) -> tuple[list[int], list[list[float]]]:
     """The validation steps (optimizer steps done) that every run of the comparison logged, and per pair (seed) the
-    uncentred − centred validation loss at each of them."""
+    other − base validation loss at each of them."""
     losses = [[dict(run.metrics.get("val/loss", [])) for run in pair] for pair in comparison.pairs]
     logged = sorted(set.intersection(*[set(loss) for pair in losses for loss in pair]))
-    return [s + 1 for s in logged], [[uncentred[s] - centred[s] for s in logged] for centred, uncentred in losses]
+    return [s + 1 for s in logged], [[other[s] - base[s] for s in logged] for base, other in losses]
 
 
 def seed_style(seeds: list[int], seed: int) -> dict:
@@ -145,19 +155,29 @@ def wrapped(label: str, width: int) -> str:
     return "\n".join([names, *textwrap.wrap(f"({what}", width)]) if what else label
 
 
+def difference_meaning(comparison: Comparison) -> tuple[str, str]:
+    """What a paired difference is and what its sign says, from what differs between the two norms: the centring
+    alone where the bias is common to both, else all that differs, named by the norms."""
+    if comparison.centring and comparison.bias is not None:
+        return "uncentred − centred", "uncentred higher"
+    return f"{comparison.other} − {comparison.base}", f"{comparison.other} higher than {comparison.base}"
+
+
 def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     """One comparison's paired difference of validation loss along training: each seed's (grey, its line style and
     marker), their mean (black) and its t 95% interval over the seeds (grey band), the final step annotated."""
     steps, differences = paired_validation(comparison)
     label = comparison.label if comparison.centring else wrapped(comparison.label, 50)  # the longer label
+    difference, sign = difference_meaning(comparison)
+    ax.set_ylabel(wrap_label(f"val loss, {difference},\npaired by seed\n(nats/token; > 0: {sign})", YLABEL_WIDTH))
     ax.axhline(0, color="black", lw=0.6)
     if not steps:
         ax.set_title(label)
         ax.text(0.5, 0.5, "no validation step common to all its runs", transform=ax.transAxes, ha="center")
         return
-    for (centred, _), values in zip(comparison.pairs, differences):
-        ax.plot(steps, values, color="tab:gray", lw=0.7, ms=2.5, label=f"seed {centred.seed}: its pair's difference",
-                **seed_style(seeds, centred.seed))
+    for (base, _), values in zip(comparison.pairs, differences):
+        ax.plot(steps, values, color="tab:gray", lw=0.7, ms=2.5, label=f"seed {base.seed}: its pair's difference",
+                **seed_style(seeds, base.seed))
     intervals = [Interval.of(list(at)) for at in zip(*differences)]
     n, final = len(differences), intervals[-1]
     over = f"{n} seed{'s' * (n > 1)}"
@@ -170,18 +190,34 @@ def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     ax.set_title(f"{label}\nstep {steps[-1]:,}: {final.text()}")  # the legend: over how many seeds
 
 
+def loss_panels(group: Group) -> dict[str, str]:
+    """The loss curves' panels, name -> title: training loss of every run; validation loss of the norms that
+    normalize and, on a y axis of its own, of the point-wise layers (DyT's, far above theirs, would squash them)."""
+    kinds = {run.norm.traits.normalizes for run in group.runs}
+    split = len(kinds) == 2
+    panels = {"train": "training loss"}
+    if True in kinds:
+        panels["val"] = "validation loss:\nnormalizing norms" if split else "validation loss\n(its own y axis)"
+    if False in kinds:
+        panels["val point-wise"] = "validation loss:\npoint-wise layers"
+    return panels
+
+
 def losses_figure(group: Group) -> Figure:
-    """Training and validation loss of every run of the group on axes of their own (colour: norm, line style and
-    marker: seed; unfinished runs and replicates labelled), and below them, per comparison, the paired difference
-    of validation loss at each validation step (draw_differences), two to a row."""
+    """Training and validation loss of every run on axes of their own (loss_panels; colour: norm, line style and
+    marker: seed; unfinished runs and replicates labelled), with the held-out unigram loss where known (a run above
+    it learned token frequencies only), and below them, per comparison, the paired difference of validation loss at
+    each validation step (draw_differences), two to a row."""
     seeds = sorted({r.seed for r in group.runs})
     styles = norm_styles([AngleSeries(group.label(arm), [], style=arm.style) for arm in group.arms()])
+    panels = loss_panels(group)
     per_row = min(2, max(1, len(group.comparisons)))
-    mosaic = [["train"] * per_row + ["val"] * per_row]
-    for first in range(0, len(group.comparisons), per_row):  # each under half of the row above
+    width = 6  # mosaic columns: two or three loss panels, one or two difference panels to a row
+    mosaic = [[panel for panel in panels for _ in range(width // len(panels))]]
+    for first in range(0, len(group.comparisons), per_row):
         row = [f"difference {i}" for i in range(first, min(first + per_row, len(group.comparisons)))]
-        mosaic.append([panel for panel in row + ["."] * (per_row - len(row)) for _ in range(2)])
-    fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 3.4 + 2.6 * (len(mosaic) - 1)), layout="constrained")
+        mosaic.append([panel for panel in row + ["."] * (per_row - len(row)) for _ in range(width // per_row)])
+    fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 2.6 * len(mosaic)), layout="constrained")
     window = 10
     for run in group.runs:
         norm = group.label(run.norm)
@@ -193,41 +229,42 @@ def losses_figure(group: Group) -> Figure:
             axes["train"].plot(steps, smooth(list(losses), window), label=label, **style)
         if run.metrics.get("val/loss"):
             steps, losses = zip(*run.metrics["val/loss"])
-            axes["val"].plot([s + 1 for s in steps], losses, ms=2, label=label,
+            panel = "val" if run.norm.traits.normalizes else "val point-wise"
+            axes[panel].plot([s + 1 for s in steps], losses, ms=2, label=label,
                              marker=seed_style(seeds, run.seed)["marker"], **style)
-    axes["train"].set(title=f"training loss (moving average of {window} steps)", ylabel="cross-entropy (nats/token)")
-    axes["val"].set(title="validation loss (its own y axis)", ylabel="cross-entropy (nats/token)")
+    panels["train"] += f"\n(moving average of {window} steps)"
+    for panel, title in panels.items():
+        axes[panel].set(title=title, ylabel="cross-entropy (nats/token)")
+        if group.unigram_loss is not None:
+            axes[panel].axhline(group.unigram_loss, color="black", ls="-.", lw=0.9, label=UNIGRAM_LABEL)
     for i, comparison in enumerate(group.comparisons):
         draw_differences(axes[f"difference {i}"], comparison, seeds)
-        if not comparison.centring:  # its own y label
-            axes[f"difference {i}"].set_ylabel(f"val loss, {comparison.other} − {comparison.base},\npaired by seed\n"
-                                               f"(nats/token; > 0: {comparison.base} better)")
-        elif i == 0:
-            axes[f"difference {i}"].set_ylabel(DIFFERENCE_LABEL)
     for ax in axes.values():
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(thousands))
-    legend_below(fig, [axes["val"], *axes.values()], ncols=3)  # the runs' handles with the seed's marker
+    validation = [axes[panel] for panel in panels if panel != "train"]
+    legend_below(fig, [*validation, *axes.values()], ncols=3)  # the runs' handles with the seed's marker
     last = steps_title(run.val_step for run in group.runs)
     fig.suptitle(f"{group.title}: loss by optimizer step (last validation: {last})")
     return fig
 
 
-def loss_differences_figure(group: Group) -> Figure | None:
+def pointwise(comparison: Comparison) -> bool:
+    """Whether a norm of the comparison does not normalize (DyT): its difference, far from those of the norms that
+    do, gets an axis of its own."""
+    return not (comparison.base_traits.normalizes and comparison.other_traits.normalizes)
+
+
+def draw_final_differences(ax, comparisons: list[Comparison]) -> None:
     """Per comparison: each seed's paired difference of final validation loss, their mean and its t 95% interval
-    over the seeds (none for one pair); None without a comparison."""
-    comparisons = group.comparisons
-    if not comparisons:
-        return None
-    replaced = sum(not c.centring for c in comparisons)  # their labels are longer
-    fig, ax = plt.subplots(figsize=(2.4 + 1.2 * len(comparisons) + 0.8 * replaced, 3.4), layout="constrained")
+    over the seeds (none for one pair), with a y label that says what a difference above 0 means."""
     for x, comparison in enumerate(comparisons):
         differences, interval = comparison.differences, comparison.interval
         xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
         ax.plot(xs, differences, "o", ms=3, color="tab:gray", label="one seed's pair (its seed beside it)")
-        for xi, (centred, _), value in zip(xs, comparison.pairs, differences):
-            ax.annotate(f"{centred.seed}", (xi, value), fontsize=5, xytext=(2, 2), textcoords="offset points")
+        for xi, (base, _), value in zip(xs, comparison.pairs, differences):
+            ax.annotate(f"{base.seed}", (xi, value), fontsize=5, xytext=(2, 2), textcoords="offset points")
         if interval.low is None:
             ax.plot([x + 0.15], [interval.mean], "D", ms=4, color="black", label="the one pair: no interval")
         else:
@@ -237,14 +274,32 @@ def loss_differences_figure(group: Group) -> Figure | None:
     ax.axhline(0, color="black", lw=0.6)
     ax.set_xticks(range(len(comparisons)), [wrapped(c.label, 30) for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
-    if replaced:  # one norm in place of another among them: not a centring's effect
-        ax.set_ylabel("final val loss, first − second norm\n(nats/token; > 0: the second is better)")
-    else:
-        ax.set_ylabel("final val loss, uncentred − centred\n(nats/token; > 0: centring helps)")
+    meanings = {difference_meaning(c) for c in comparisons}
+    if len(meanings) == 1:  # one difference in every comparison (the centring alone, or one pair of norms)
+        ((difference, sign),) = meanings
+        ax.set_ylabel(wrap_label(f"final val loss,\n{difference}\n(nats/token; > 0: {sign})", YLABEL_WIDTH))
+    else:  # the norms named in each tick's label
+        ax.set_ylabel("final val loss,\nas each label reads\n(nats/token; > 0: its first norm higher)")
     ax.grid(alpha=0.3, axis="y")
-    legend_below(fig, [ax], ncols=1)
-    final = steps_title(run.val_step for c in comparisons for pair in c.pairs for run in pair)
-    ax.set_title(f"{group.title}\nfinal validation loss ({final}), paired by seed")
+
+
+def loss_differences_figure(group: Group) -> Figure | None:
+    """The final step's paired differences (draw_final_differences): those between norms that normalize, and below
+    them, on an axis of their own, those with a point-wise layer; None without a comparison."""
+    kinds = [[c for c in group.comparisons if pointwise(c) == kind] for kind in (False, True)]
+    kinds = [comparisons for comparisons in kinds if comparisons]
+    if not kinds:
+        return None
+    width = max(1.8 * len(comparisons) + 0.6 * sum(not c.centring for c in comparisons) for comparisons in kinds)
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(1.6 + width, 2.4 * len(kinds)), squeeze=False,
+                             layout="constrained")
+    for (ax,), comparisons in zip(axes, kinds):
+        draw_final_differences(ax, comparisons)
+        if len(kinds) == 2:
+            ax.set_title("with a point-wise layer" if pointwise(comparisons[0]) else "between normalizing norms")
+    legend_below(fig, axes.flat, ncols=1)
+    final = steps_title(run.val_step for c in group.comparisons for pair in c.pairs for run in pair)
+    fig.suptitle(f"{group.title}\nfinal validation loss ({final}), paired by seed")
     return fig
 
 
@@ -258,7 +313,7 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
         return None
     styles = norm_styles(series)
     keys = sorted({site_key(r) for *_, rows in drawn for r in rows}, key=site_sort)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(keys) * len(drawn) ** 0.5 + 2), 3.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(keys) * len(drawn) ** 0.5 + 2), 3.0), layout="constrained")
     for (s, k, label, kind, rows), dx in zip(drawn, offsets(len(drawn))):
         rows = sorted(rows, key=lambda r: site_sort(site_key(r)))
         deltas = [r["delta"] for r in rows]
