@@ -4,7 +4,9 @@ untied LM heads; with and without LayerNorm bias) give the same logits to float 
 converted model sit at 90 degrees to 1 (the probe's hooks). Through the real commands on the session's LayerNorm run:
 the converted run directory is read by normlab-angles, -ablate (the centring it adds changes no loss), -export and
 -sample; an RMSNorm run, a missing path and an existing out are refused in one line, nothing written. A tiny random
-Hugging Face GPT-2 directory converts to the same logits."""
+Hugging Face GPT-2 directory converts to the same logits. Exact at inference only: with dropout (the same masks), or
+after one AdamW step of both from the same gradients but their component along 1, the logits differ; dropout on the
+attention weights alone keeps them equal."""
 
 import csv
 import hashlib
@@ -18,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from conftest import EMBEDDED, compose_config, run_cli, run_of
-from normlab.interop.convert import ConvertError, converted, main
+from normlab.interop.convert import ConvertError, centred_weights, converted, main
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import DyT, LayerNorm, RMSNorm
 from normlab.probe.hooks import measure
@@ -34,11 +38,13 @@ from normlab.training.loader import load_model, read_checkpoint, saved_config
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest checkpoint of the session's runs (FAST_TRAIN)
 
 
-def random_layernorm_gpt(tied: bool, bias: bool = True, dtype: torch.dtype = torch.float32) -> GPT:
+def random_layernorm_gpt(tied: bool, bias: bool = True, dtype: torch.dtype = torch.float32,
+                         dropout: float = 0.0) -> GPT:
     """A tiny LayerNorm GPT far from its initialisation: embeddings whose rows have a mean of about +0.5 (token) and
     -0.3 (position) against entries of 0.02, random biases around 0 and gains around 1, an LM head of entries around
     0.5."""
-    config = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=97, tie_embeddings=tied)
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=97, tie_embeddings=tied,
+                       dropout=dropout)
     model = GPT(config, partial(LayerNorm, bias=bias))
     model.init_weights(seed=0)
     generator = torch.Generator().manual_seed(1)
@@ -96,6 +102,71 @@ def test_the_converted_models_norm_inputs_are_orthogonal_to_1(tied):
     assert original.keys() == twin.keys() and len(twin) == 5  # 2 layers x 2 norms, and the final norm
     assert min(original.values()) > 1e-3  # the uncentred stream: clearly along 1 (the null for random directions:
     assert max(twin.values()) < 1e-10  # 1/d = 0.016); centred: nothing along 1 but float32 rounding
+
+
+def logits_under_dropout(model: GPT, ids: torch.Tensor, seed: int) -> torch.Tensor:
+    """Train-mode logits with the dropout masks drawn from `seed` (the global generator left as it was): two models of
+    the same modules draw the same masks."""
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        return model.train()(ids)
+
+
+def gradients(model: GPT, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The gradient of the next-token loss on `ids` (train mode), by parameter name, left in the parameters' .grad for
+    an optimizer step."""
+    model.train().zero_grad()
+    F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+def along_1(grads: dict[str, torch.Tensor]) -> float:
+    """The squared norm of what the conversion would remove from `grads`: their component along 1 in the vectors
+    that write into the residual stream (embedding rows, c_proj columns and biases)."""
+    centred_grads = centred_weights(grads)
+    return sum(float((grad - centred_grads[name]).square().sum()) for name, grad in grads.items())
+
+
+def test_the_conversion_is_exact_at_inference_only():
+    """docs/convert.md, "Exact at inference only": in eval mode the converted model is the source; with dropout, or
+    after one AdamW step of both, it is another model."""
+    ids = torch.randint(0, 97, (4, 32), generator=torch.Generator().manual_seed(6))
+    source = random_layernorm_gpt(tied=False, dtype=torch.float64, dropout=0.1)
+    twin = converted(source)
+    expected = logits_of(source.eval(), ids)
+    assert expected.abs().max() > 10
+    torch.testing.assert_close(logits_of(twin.eval(), ids), expected, rtol=0, atol=1e-9)
+
+    # Dropout scales each coordinate of a vector written into the stream by 0 or 1/(1 - p) on its own: it does not
+    # commute with centring (mask(C x) != C mask(x)). The source's writers carry a mean along 1, which its LayerNorms
+    # remove; the mask scatters that mean into directions no norm removes, and the converted stream, masked, is no
+    # longer centred, so its RMSNorms no longer equal LayerNorms. The same masks (one seed, the same modules) give
+    # logits that differ by 2.0-2.1 here. Dropout on the attention weights alone (the embeddings' and the residual
+    # branches' off) keeps them equal, though it moves them by 0.35: c_proj still writes centred vectors.
+    for seed in (0, 1):
+        assert (logits_under_dropout(twin, ids, seed) - logits_under_dropout(source, ids, seed)).abs().max() > 1
+    for dropout in (m for model in (source, twin) for m in model.modules() if isinstance(m, torch.nn.Dropout)):
+        dropout.p = 0.0
+    attention_dropped = logits_under_dropout(source, ids, seed=0)
+    assert (attention_dropped - expected).abs().max() > 0.1
+    torch.testing.assert_close(logits_under_dropout(twin, ids, seed=0), attention_dropped, rtol=0, atol=1e-9)
+
+    # One training step, without dropout (the tiny preset's). The source's loss cannot see a shift of a writer along
+    # 1 (every LayerNorm removes it), so its gradient has no component along 1 there; the converted model's RMSNorms
+    # see it, so its gradient has one. Apart from that component the two gradients are the same: centring the
+    # converted model's gives the source's. (Squared norms along 1: 4e-30 and 2.8, of 2,252 in all.)
+    source = random_layernorm_gpt(tied=False, dtype=torch.float64)
+    twin = converted(source)
+    source_grads, twin_grads = gradients(source, ids), gradients(twin, ids)
+    assert along_1(source_grads) < 1e-20 < 1e-2 < along_1(twin_grads)
+    for name, grad in centred_weights(twin_grads).items():
+        torch.testing.assert_close(grad, source_grads[name], rtol=0, atol=1e-9)
+    # One step of a fresh AdamW for each (conf/optimizer/adamw.yaml at the tiny preset's lr 3e-3) on those gradients:
+    # the converted model's step moves its writers along 1, its stream is no longer centred, and the two models part:
+    # their logits differ by 0.34 after a single step.
+    for model in (source, twin):
+        instantiate(compose_config("train").optimizer)(model.parameters()).step()
+    assert (logits_of(twin.eval(), ids) - logits_of(source.eval(), ids)).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("norm, message", [
