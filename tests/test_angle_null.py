@@ -15,12 +15,13 @@ from normlab.probe.extremes import Unavailable, extremes, site_extremes
 from normlab.probe.hooks import measure
 from normlab.probe.profiles import profile
 from normlab.probe.sites import norm_sites
-from normlab.probe.table import CSV_COLUMNS, is_angles_header, read_csv
+from normlab.probe.table import CSV_COLUMNS, PER_DIRECTION_COLUMNS, is_angles_header, read_csv
 from normlab.study.angles import append_csv
 from normlab.study.report.runs import read_angles
 from normlab.training.run_tables import read_table
 
 SITES = [(layer, role) for layer in range(4) for role in ("attn_norm", "mlp_norm")] + [(4, "final_norm")]  # tiny: 9
+EARLIEST_COLUMNS = CSV_COLUMNS[:-len(PER_DIRECTION_COLUMNS)]  # angles.csv before the per-direction columns
 SPREAD = np.linspace(0.005, 0.05, len(SITES))  # the null sd of each site's mean angle, degrees
 
 
@@ -112,7 +113,7 @@ def test_the_null_sd_of_a_seed_average_is_that_of_the_averaged_directions(tmp_pa
     same = [runs[0], write_run(tmp_path / "a2.csv", one[:, 0], one[:, 1:])]
     for s, point in enumerate(profile(same, "input", "uniform").values()):
         assert point.seed_level_null and point.random_sd == pytest.approx(one[s, 1:].std(ddof=1), abs=1e-6)
-    old = write_run(tmp_path / "old.csv", two[:, 0], two[:, 1:], columns=CSV_COLUMNS[:-1])
+    old = write_run(tmp_path / "old.csv", two[:, 0], two[:, 1:], columns=EARLIEST_COLUMNS)
     for s, point in enumerate(profile([runs[0], old], "input", "uniform").values()):
         assert not point.seed_level_null
         assert point.random_sd == pytest.approx((one[s, 1:].std(ddof=1) + two[s, 1:].std(ddof=1)) / 2)
@@ -136,7 +137,7 @@ def test_without_the_column_or_with_other_directions_the_statistic_says_why(tmp_
     rng = np.random.default_rng(4)
     draw = null_draw(rng, 20)
     new = write_run(tmp_path / "new.csv", draw[:, 0], draw[:, 1:])
-    old = write_run(tmp_path / "old.csv", draw[:, 0], draw[:, 1:], columns=CSV_COLUMNS[:-1])
+    old = write_run(tmp_path / "old.csv", draw[:, 0], draw[:, 1:], columns=EARLIEST_COLUMNS)
     assert extremes([new, old], ["seed 0", "seed 1"]) == Unavailable(
         "seed 1 has no null_random_means_deg at 9 of 9 sites (from 0 attn; angles.csv written before the column, or "
         "probe.null_directions=0): measure it again with normlab-angles")
@@ -174,7 +175,9 @@ def test_a_tiny_model_writes_its_per_direction_means_and_reads_them_back(tmp_pat
     for key, point in profile([rows], "input", "uniform").items():
         assert single.z[key] == pytest.approx(point.deviation, rel=1e-4, abs=1e-3)  # one run: the row's own null sd
     header = (tmp_path / "angles.csv").read_text().splitlines()[0]
-    assert is_angles_header(header) and is_angles_header(header.removesuffix(",null_random_means_deg"))
+    earlier = header.removesuffix(",null_random_cos2")
+    assert is_angles_header(header) and is_angles_header(earlier)
+    assert is_angles_header(earlier.removesuffix(",null_random_means_deg"))
 
 
 def test_normlab_angles_adds_to_an_angles_csv_written_before_the_column(tmp_path):
@@ -182,7 +185,7 @@ def test_normlab_angles_adds_to_an_angles_csv_written_before_the_column(tmp_path
     rng = np.random.default_rng(5)
     draw = null_draw(rng, 10)
     out = tmp_path / "pretrained.csv"
-    old = write_run(out, draw[:, 0], draw[:, 1:], step=0, columns=CSV_COLUMNS[:-1])
+    old = write_run(out, draw[:, 0], draw[:, 1:], step=0, columns=EARLIEST_COLUMNS)
     check_file(out, "normlab-angles", is_angles_header)  # raises on a file it did not write
     new = write_run(tmp_path / "new.csv", draw[:, 0], draw[:, 1:], step=10)
     append_csv(out, read_table(tmp_path / "new.csv")[1])  # its rows as text, as records() gives them

@@ -20,6 +20,7 @@ from normlab.study.report import main
 from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.intervals import Interval, t_quantile_975
 from normlab.study.report.runs import find_runs
+from test_angle_shares import PLANTED, measured_table, seed_inputs
 
 N_LAYER, D, COUNT = 2, 64, 10_000
 OLD_COLUMNS = ["step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "min_deg",
@@ -161,8 +162,10 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
     assert "9.9" not in summary
     # the final norm's input at 91 degrees: 1 / (7.16 / sqrt(10000)) = +14.0 null sds of independent tokens (‡)
-    assert ("| +14.0 (final, 91.00°)‡§, largest of 5 sites | 0.0500 (final; null 1/d = 0.0156) | centred: +0.0123 "
-            "[+0.0100, +0.0146] (bootstrap over windows); 2 runs not ablated |") in summary
+    assert ("| +14.0 (final, 91.00°)‡§, largest of 5 sites; sign-invariant: unavailable¶ | 0.0500 (final; 1/d = "
+            "0.0156; no percentile¶) | centred: +0.0123 [+0.0100, +0.0146] (bootstrap over windows); 2 runs not "
+            "ablated |") in summary
+    assert "¶ no sign-invariant statistic nor share percentile" in summary and "has no null_random_cos2" in summary
     assert f"not run (normlab-ablate model_path={sweep / 'tiny-layernorm-seed0'})" in summary
     assert "‡ null sd of a mean over independent tokens" in summary and "† demo scale: not evidence" in summary
     assert "§ the largest of the sites in null sds with no null of the largest" in summary
@@ -227,14 +230,43 @@ def test_the_angle_cell_weighs_the_largest_site_against_the_largest_of_random_di
     (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
     # the final norm's input 1 degree off 90 in both seeds: about 7 sds of the average of two runs' direction means
     # (0.2 / sqrt 2), beyond every one of the 39 directions' largest site: p = 1 / 40
-    found = re.search(r"\| \+(\d+\.\d) at final \(91\.00°\), largest of 5 sites: p 0\.025 \(5% threshold "
+    # seed 1, picked as the more extreme of 2 runs: 1 - (1 - 0.025)^2 = 0.049
+    found = re.search(r"\| signed: \+(\d+\.\d) at final \(91\.00°\), largest of 5 sites: p 0\.025 \(5% threshold "
                       r"(\d\.\d); 39 directions\); most extreme run: seed 1, \+(\d+\.\d) at 0 attn \(p 0\.025 for "
-                      r"one run of 2\) \|", row)
+                      r"one run; 0\.049 for the most extreme of 2, Šidák\); sign-invariant: unavailable¶ \|", row)
     assert found, row
     z, threshold, seed_z = map(float, found.groups())
     assert 5 < z < 10 and 2 < threshold < 4 and 6 < seed_z < 11  # 1.6 / 0.2 = 8 for seed 1 alone
     assert "(step" not in row  # the angles are of the loss's step
     assert "§" not in row  # (the LayerNorm runs' angles.csv, without the direction means, have the § footnote)
+
+
+def test_the_angle_cell_finds_opposite_signs_by_their_cos2_and_the_share_cell_places_the_share_among_directions(
+        tmp_path):
+    """The RMS runs' angles.csv measured by the real probe on constructed inputs (test_angle_shares), a component
+    0.15 * 1 at 1 attn of sign + in seed 0 and - in seed 1: the signed average cancels, the sign-invariant statistic
+    finds it beyond every one of the 99 directions; the most extreme run's p is corrected for the 2 it was picked
+    from; the share gets its percentile among the directions' shares."""
+    for seed in (0, 1):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)
+        run = make_run(tmp_path / "sweep", f"rms-seed{seed}", "rmsnorm", seed, 3.01)
+        (run / "angles.csv").unlink()  # make_run's, of before the null over random directions
+        measured_table(run / "angles.csv", seed_inputs(seed, {PLANTED: 0.15 * (-1) ** seed}))
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
+    angle, share = row.split(" | ")[5:7]
+    signed = re.match(r"signed: [+-]\d+\.\d at [^:]+: p (\d\.\d{3}) \(5% threshold \d\.\d; 99 directions\); most "
+                      r"extreme run: seed [01], [+-]\d+\.\d at 1 attn \(p 0\.010 for one run; 0\.020 for the most "
+                      r"extreme of 2, Šidák\); sign-invariant, mean cos² along 1 \(Stouffer over 2 runs\): "
+                      r"\+(\d+\.\d) at 1 attn, largest of 5 sites: p 0\.010 \(5% threshold \d\.\d\)$", angle)
+    assert signed, angle
+    assert float(signed[1]) > 0.05 and float(signed[2]) > 3  # the signed average cancels; cos² does not
+    assert re.fullmatch(r"0\.\d{4} \(1 attn\): percentile 100\.0 of 99 random directions' shares there \(their "
+                        r"median 0\.\d{4}; 1/d = 0\.0312\)", share), share
+    assert "¶" not in row and "¶ no sign-invariant statistic" in summary  # the LayerNorm runs' files lack it
 
 
 def test_angles_of_another_step_than_the_loss_say_so(tmp_path):
@@ -245,7 +277,7 @@ def test_angles_of_another_step_than_the_loss_say_so(tmp_path):
 
     (row,) = [line for line in (tmp_path / "out/summary.md").read_text().splitlines()
               if line.startswith("| tiny† | rmsnorm |")]
-    assert "| 10 |" in row and "39 directions) (step 8) |" in row  # the loss of step 10, the angles of step 8
+    assert "| 10 |" in row and "39 directions) (step 8);" in row  # the loss of step 10, the angles of step 8
 
 
 def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
@@ -328,11 +360,13 @@ def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_
 
 
 DYT = "dyt − layernorm (a point-wise layer in place of layernorm)"  # DyT's comparison with the reference
+# the verdict's header before DyT: a report without DyT keeps it
 OLD_HEADER = ("| model | norm | runs | step | final val loss, uncentred − centred, paired by seed: mean [95% t "
               "interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same mean "
-              "to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm "
-              "inputs | ablation at every norm (centring removed from LN, added to RMS): Δ loss [95% interval: t "
-              "over seeds, bootstrap for one run] |")  # the verdict's header before DyT: a report without DyT keeps it
+              "to random directions, against the largest of all sites; beside it the same for the mean cos² along 1, "
+              "blind to its sign | largest share of ‖x‖² along 1 at the norm inputs, with its percentile among "
+              "random directions' shares | ablation at every norm (centring removed from LN, added to RMS): Δ loss "
+              "[95% interval: t over seeds, bootstrap for one run] |")
 
 
 def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_path):
@@ -362,8 +396,9 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     summary = (tmp_path / "out/summary.md").read_text()
     # by hand: 0.20, 0.15, 0.30: mean 0.2167, sd 0.0764, half-width 4.3027 x 0.0764 / sqrt 3 = 0.1897
     assert (f"| tiny† | dyt | 3 | 10 | {DYT}: +0.2167 [+0.0269, +0.4064] (t over 3 seeds), "
-            "**excludes 0**; above 0 in 3 of 3 seeds | +0.0 (0 attn, 90.00°)‡§, largest of 5 sites | 0.0500 "
-            "(final; null 1/d = 0.0156) | centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap "
+            "**excludes 0**; above 0 in 3 of 3 seeds | +0.0 (0 attn, 90.00°)‡§, largest of 5 sites"
+            "; sign-invariant: unavailable¶ | 0.0500 (final; 1/d = 0.0156; no percentile¶) | "
+            "centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap "
             "over windows); 2 runs not ablated |") in summary
     assert (f"| {DYT} | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | 0.0764 | [+0.0269, +0.4064] | "
             "**yes** |") in summary
@@ -595,8 +630,8 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
     summary = (tmp_path / "out/summary.md").read_text()
     # the angle: (91 - 90) / 0.5 null sd
     assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°)§, "
-            "largest of 5 sites | 0.0200 (final; null 1/d = 0.0156) | uncentred: +0.0050 [+0.0040, +0.0060] "
-            "(bootstrap over windows) |") in summary
+            "largest of 5 sites; sign-invariant: unavailable¶ | 0.0200 (final; 1/d = 0.0156; no percentile¶) | "
+            "uncentred: +0.0050 [+0.0040, +0.0060] (bootstrap over windows) |") in summary
     assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
             "-14.0 (final, 89.00°)‡§, largest of 5 sites") in summary
     assert "not run (normlab-ablate model_path=<the model's directory>)" in summary

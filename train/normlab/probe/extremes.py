@@ -17,7 +17,10 @@ run of a width d, so that the runs' average has a null of its own. With sites s,
   the null keeps whatever dependence there is between sites. threshold: the |z| the largest site must exceed for
   p_max <= 0.05 (the floor(0.05 (J + 1))-th largest T_j; none for J < 19), which replaces +-2.
 - The same on each run alone names the run and site that is most extreme: an outlier of one seed that the average
-  hides. That run is the most extreme of the runs: its p_max is that of one run (times the runs: of any of them).
+  hides. That run was chosen as the most extreme of R runs, so its p_max (that of one run) is set beside the p of the
+  most extreme of R: 1 - (1 - p_max)^R (Šidák, for independent runs; at most R p_max whatever their dependence).
+The signed mean angle cancels where seeds' 1-components point opposite ways; probe.shares holds its sign-invariant
+twin, on the mean cos^2, which gathers its runs' values here (`measured`).
 """
 
 import math
@@ -64,6 +67,16 @@ class Extremes:
         """The run whose largest |z| is largest."""
         return max(self.runs, key=lambda item: abs(item[1].z_max))
 
+    @property
+    def extreme_run_p(self) -> float:
+        """The p of the most extreme run for having been chosen among the runs (Šidák)."""
+        return most_extreme_of(self.extreme_run[1].p_max, len(self.runs))
+
+
+def most_extreme_of(p: float, count: int) -> float:
+    """The p of the smallest of `count` independent p values, given that smallest: 1 - (1 - p)^count (Šidák)."""
+    return 1 - (1 - p) ** count
+
 
 @dataclass(frozen=True)
 class Unavailable:
@@ -71,27 +84,83 @@ class Unavailable:
     reason: str
 
 
+def leave_one_out_sd(values: np.ndarray) -> np.ndarray:
+    """[..., J] -> [..., J]: the sd over the last axis without entry j, for each j."""
+    directions = values.shape[-1]
+    # the sum of squares about the mean without direction j: SS - J/(J-1) (x_j - mean)^2
+    centred = values - values.mean(axis=-1, keepdims=True)
+    squares = (centred**2).sum(axis=-1, keepdims=True)
+    return np.sqrt((squares - directions / (directions - 1) * centred**2) / (directions - 2))
+
+
+def largest_against_null(largest: float, null_max: np.ndarray) -> tuple[float, float | None]:
+    """(p_max, threshold) of 1's largest |z| over the sites against each direction's largest, null_max[j]."""
+    directions = len(null_max)
+    rank = math.floor(LEVEL * (directions + 1))
+    return (float((1 + (null_max >= largest).sum()) / (1 + directions)),
+            float(np.sort(null_max)[-rank]) if rank >= 1 else None)
+
+
 def site_extremes(keys: list[tuple], targets: np.ndarray, null_means: np.ndarray) -> SiteExtremes:
     """keys: the S sites; targets[s]: the mean angle to 1 at site s, degrees; null_means[s, j]: to direction j."""
-    directions = null_means.shape[1]
     sd = null_means.std(axis=1, ddof=1)
     z = (targets - 90) / sd
-    # the sum of squares about the mean without direction j: SS - J/(J-1) (x_j - mean)^2
-    centred = null_means - null_means.mean(axis=1, keepdims=True)
-    squares = (centred**2).sum(axis=1, keepdims=True)
-    leave_one_out_sd = np.sqrt((squares - directions / (directions - 1) * centred**2) / (directions - 2))
-    null_max = np.abs((null_means - 90) / leave_one_out_sd).max(axis=0)  # [J]
-    largest = np.abs(z).max()
-    rank = math.floor(LEVEL * (directions + 1))
+    null_max = np.abs((null_means - 90) / leave_one_out_sd(null_means)).max(axis=0)  # [J]
+    p_max, threshold = largest_against_null(np.abs(z).max(), null_max)
     return SiteExtremes(
         z=dict(zip(keys, z.tolist())),
         null_mean=dict(zip(keys, null_means.mean(axis=1).tolist())),
         null_sd=dict(zip(keys, sd.tolist())),
         site=keys[int(np.abs(z).argmax())],
-        p_max=float((1 + (null_max >= largest).sum()) / (1 + directions)),
-        threshold=float(np.sort(null_max)[-rank]) if rank >= 1 else None,
-        directions=directions,
+        p_max=p_max,
+        threshold=threshold,
+        directions=null_means.shape[1],
     )
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A value of 1 and the same for each random direction at every site of every run, checked comparable."""
+    keys: list[tuple]  # the S sites, in site order
+    targets: np.ndarray  # [runs, S]: 1's value
+    null: np.ndarray  # [runs, S, J]: direction j's
+    steps: set[int]
+
+
+def measured(tables: list[list[dict]], labels: list[str], io: str = "input", reference: str = "uniform",
+             step: int | None = None, target: str = "mean_deg",
+             column: str = "null_random_means_deg") -> Measured | Unavailable:
+    """The runs' `target` (the mean angle, or mean_cos2) of each site's input (or output) to `reference` over all
+    positions at `step` (default: each run's last measured step), and the same for each random direction (`column`
+    of the uniform row); Unavailable where a run lacks that column or the runs' directions differ."""
+    if not tables:
+        return Unavailable("no runs")
+    found = []
+    for rows, label in zip(tables, labels, strict=True):
+        at = last_step(rows) if step is None else step
+        targets = {site_key(r): r for r in rows if r["step"] == at and r["position"] == "all"
+                   and r["reference"] == reference and r["site"].endswith(f".{io}")}
+        if not targets:
+            return Unavailable(f"{label} has no {io} angle to {reference} at step {at}")
+        null = null_means_by_site(rows, at, io, column)
+        if missing := sorted((k for k in targets if k not in null), key=site_sort):
+            return Unavailable(f"{label} has no {column} at {len(missing)} of {len(targets)} sites "
+                               f"(from {site_tick(missing[0])}; angles.csv written before the column, or "
+                               "probe.null_directions=0): measure it again with normlab-angles")
+        found.append((at, targets, null))
+    keys = sorted(found[0][1], key=site_sort)
+    if any(set(targets) != set(keys) for _, targets, _ in found):
+        return Unavailable("the runs measured different norm sites")
+    widths = sorted({r["d"] for _, targets, _ in found for r in targets.values()})
+    if len(widths) > 1:
+        return Unavailable(f"the runs have different widths d ({', '.join(map(str, widths))}): different directions")
+    counts = sorted({len(values) for _, _, null in found for values in null.values()})
+    if len(counts) > 1:
+        return Unavailable(f"the runs have different numbers of random directions ({', '.join(map(str, counts))})")
+    if counts[0] < MIN_DIRECTIONS:
+        return Unavailable(f"{counts[0]} random directions: at least {MIN_DIRECTIONS} are needed")
+    return Measured(keys, np.array([[t[k][target] for k in keys] for _, t, _ in found]),
+                    np.array([[null[k] for k in keys] for _, _, null in found]), {at for at, _, _ in found})
 
 
 def extremes(tables: list[list[dict]], labels: list[str], io: str = "input", reference: str = "uniform",
@@ -99,36 +168,11 @@ def extremes(tables: list[list[dict]], labels: list[str], io: str = "input", ref
     """The largest-of-sites statistic of the runs' angle rows (one table per run, `labels` naming them) for the
     mean angle of each site's input (or output) to `reference` over all positions, at `step` (default: each run's
     last measured step); Unavailable where a run lacks the per-direction means or the runs' nulls differ."""
-    if not tables:
-        return Unavailable("no runs")
-    measured = []
-    for rows, label in zip(tables, labels, strict=True):
-        at = last_step(rows) if step is None else step
-        targets = {site_key(r): r for r in rows if r["step"] == at and r["position"] == "all"
-                   and r["reference"] == reference and r["site"].endswith(f".{io}")}
-        if not targets:
-            return Unavailable(f"{label} has no {io} angle to {reference} at step {at}")
-        null_means = null_means_by_site(rows, at, io)
-        if missing := sorted((k for k in targets if k not in null_means), key=site_sort):
-            return Unavailable(f"{label} has no null_random_means_deg at {len(missing)} of {len(targets)} sites "
-                               f"(from {site_tick(missing[0])}; angles.csv written before the column, or "
-                               "probe.null_directions=0): measure it again with normlab-angles")
-        measured.append((at, targets, null_means))
-    keys = sorted(measured[0][1], key=site_sort)
-    if any(set(targets) != set(keys) for _, targets, _ in measured):
-        return Unavailable("the runs measured different norm sites")
-    widths = sorted({r["d"] for _, targets, _ in measured for r in targets.values()})
-    if len(widths) > 1:
-        return Unavailable(f"the runs have different widths d ({', '.join(map(str, widths))}): different directions")
-    counts = sorted({len(means) for _, _, null_means in measured for means in null_means.values()})
-    if len(counts) > 1:
-        return Unavailable(f"the runs have different numbers of random directions ({', '.join(map(str, counts))})")
-    if counts[0] < MIN_DIRECTIONS:
-        return Unavailable(f"{counts[0]} random directions: at least {MIN_DIRECTIONS} are needed")
-    targets = np.array([[t[k]["mean_deg"] for k in keys] for _, t, _ in measured])  # [runs, S]
-    null_means = np.array([[means[k] for k in keys] for _, _, means in measured])  # [runs, S, J]
+    found = measured(tables, labels, io, reference, step)
+    if isinstance(found, Unavailable):
+        return found
     return Extremes(
-        seed_level=site_extremes(keys, targets.mean(axis=0), null_means.mean(axis=0)),
-        runs=[(label, site_extremes(keys, t, m)) for label, t, m in zip(labels, targets, null_means)],
-        steps={at for at, _, _ in measured},
+        seed_level=site_extremes(found.keys, found.targets.mean(axis=0), found.null.mean(axis=0)),
+        runs=[(label, site_extremes(found.keys, t, m)) for label, t, m in zip(labels, found.targets, found.null)],
+        steps=found.steps,
     )

@@ -83,16 +83,21 @@ class AngleProbe:
         return mask, mask & first
 
     def _null_sums(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """[2 (input, output), 3 (POSITIONS), directions]: the sums of the angles of x and y to each random
-        direction, reduced at once (a [B, T, directions] tensor per norm would not fit for long)."""
+        """[2 (angles, cos^2), 2 (input, output), 3 (POSITIONS), directions]: the sums of the angles of x and y to
+        each random direction and of their cos^2, reduced at once (a [B, T, directions] tensor per norm would not
+        fit for long)."""
         every_token, first_tokens = self._positions(x.shape[:2], x.device)
-        sums = []
+
+        def by_position(values: torch.Tensor) -> torch.Tensor:
+            every, first = values[every_token].sum(0), values[first_tokens].sum(0)
+            return torch.stack([every, first, every - first])
+
+        angle_sums, cos2_sums = [], []
         for v in (x.double(), y.double()):
-            cos = (v @ self.random_directions.T).div_(v.norm(dim=-1, keepdim=True).clamp_min(1e-30))
-            degrees = torch.rad2deg_(torch.acos_(cos.clamp_(-1, 1)))
-            every, first = degrees[every_token].sum(0), degrees[first_tokens].sum(0)
-            sums.append(torch.stack([every, first, every - first]))
-        return torch.stack(sums)
+            cos = (v @ self.random_directions.T).div_(v.norm(dim=-1, keepdim=True).clamp_min(1e-30)).clamp_(-1, 1)
+            cos2_sums.append(by_position(cos.square()))
+            angle_sums.append(by_position(torch.rad2deg_(torch.acos_(cos))))
+        return torch.stack([torch.stack(angle_sums), torch.stack(cos2_sums)])
 
     def _per_token(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """[B, T, 9]: x and y against each reference (dot products), |x|, |y|, and |x^ - y^| (unit vectors)."""
@@ -113,8 +118,10 @@ class AngleProbe:
         for site, values, null in pending:
             by_shape.setdefault(values.shape, []).append((site, values))
             if null is not None:
-                for position, sums in zip(POSITIONS, null.unbind(1)):  # input rows get the input's sums, output's
-                    self.stats.update_null(self._rows(site, position)[:6], sums.repeat_interleave(3, 0))
+                for position, angles, cos2 in zip(POSITIONS, null[0].unbind(1), null[1].unbind(1)):
+                    # input rows get the input's sums, output rows the output's
+                    self.stats.update_null(self._rows(site, position)[:6], angles.repeat_interleave(3, 0),
+                                           cos2.repeat_interleave(3, 0))
         for group in by_shape.values():
             sites, values = zip(*group)
             values = torch.stack(values)  # [sites, B, T, 9]

@@ -70,21 +70,23 @@ def mean_or_none(values: list) -> float | None:
     return None if any(v is None for v in values) else statistics.fmean(values)
 
 
-def direction_means(row: dict) -> list[float] | None:
-    """A row's mean angles to each random direction (null_random_means_deg): a list as read back, text as
-    AngleStats.records writes it; None where the row has none."""
-    value = row.get("null_random_means_deg")
+def per_direction(row: dict, column: str = "null_random_means_deg") -> list[float] | None:
+    """A row's values for each random direction (null_random_means_deg: mean angles, null_random_cos2: mean cos^2):
+    a list as read back, text as AngleStats.records writes it; None where the row has none."""
+    value = row.get(column)
     if isinstance(value, str):
         value = [float(c) for c in value.split()]
     return value or None
 
 
-def null_means_by_site(rows: list[dict], step: int, io: str) -> dict[tuple, list[float]]:
-    """Per site, the mean angles of its input (or output) to each random direction at `step`, over all positions.
-    They are stored on the uniform row alone: the same for every reference, the vectors being the same."""
+def null_means_by_site(rows: list[dict], step: int, io: str,
+                       column: str = "null_random_means_deg") -> dict[tuple, list[float]]:
+    """Per site, the mean angles (or, column null_random_cos2, the mean cos^2) of its input (or output) to each
+    random direction at `step`, over all positions. They are stored on the uniform row alone: the same for every
+    reference, the vectors being the same."""
     return {site_key(r): means for r in rows
             if r["step"] == step and r["position"] == "all" and r["reference"] == "uniform"
-            and r["site"].endswith(f".{io}") and (means := direction_means(r))}
+            and r["site"].endswith(f".{io}") and (means := per_direction(r, column))}
 
 
 def seed_level_null(means: list[list[float] | None]) -> tuple[float, float] | None:

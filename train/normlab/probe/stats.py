@@ -10,7 +10,9 @@ falls among theirs (null_percentile: the share of random directions with a small
 their mean and spread (null_random_mean_deg, null_random_std_deg). The directions' mean angles themselves
 (null_random_means_deg, to 1e-5 degree) go on the uniform row at position all only: they are the same for the three
 references of a row (the vectors are), and the largest-of-sites null and the seed-level scale (probe.extremes) read
-them there. The null of mean_cos2 is 1/d.
+them there. The null of mean_cos2 is 1/d on average over directions; each direction's own mean cos^2 (its share
+of the squared norm, null_random_cos2, to 7 significant digits) goes beside those means, for the sign-invariant
+statistic and the share's percentile (probe.shares).
 """
 
 import math
@@ -28,6 +30,9 @@ MEANS_DECIMALS = 5
 # the mean and spread of those means, to 1e-9 degree: far below any difference that matters, and above the last bits
 # that a process's choice of floating-point kernel can change, so that two runs of one seed write the same bytes
 NULL_DECIMALS = 9
+# a mean cos^2 over N independent tokens spreads over directions by about sqrt(2/N) of itself (cos^2 ~ chi^2_1 / d),
+# 0.0014 at 1M tokens: 7 significant digits (rounding at most 5e-7 of it) move a z by under 0.04%
+COS2_DIGITS = 7
 
 
 class AngleStats:
@@ -41,12 +46,16 @@ class AngleStats:
         self.min, self.max = zeros(len(rows)).fill_(math.inf), zeros(len(rows)).fill_(-math.inf)
         self.hist, self.norm_sum, self.cos2_sum = zeros(len(rows), BINS), zeros(len(rows)), zeros(len(rows))
         self.null_sum = zeros(len(rows), null_directions)  # per row: the sum of its vectors' angles to each direction
+        self.null_cos2_sum = zeros(len(rows), null_directions)  # and of their cos^2
 
-    TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum", "null_sum")
+    TENSORS = ("count", "mean", "m2", "min", "max", "hist", "norm_sum", "cos2_sum", "null_sum", "null_cos2_sum")
+    PER_DIRECTION = ("null_sum", "null_cos2_sum")  # null_directions columns a row
 
-    def update_null(self, idx: torch.Tensor, sums: torch.Tensor) -> None:
-        """Add sums[k, j], the sum of angles (degrees) of row idx[k]'s vectors to random direction j."""
+    def update_null(self, idx: torch.Tensor, sums: torch.Tensor, cos2_sums: torch.Tensor) -> None:
+        """Add sums[k, j], the sum of angles (degrees) of row idx[k]'s vectors to random direction j, and
+        cos2_sums[k, j], the sum of their cos^2."""
         self.null_sum[idx] += sums.double()
+        self.null_cos2_sum[idx] += cos2_sums.double()
 
     def update(self, idx: torch.Tensor, degrees: torch.Tensor, norms: torch.Tensor, cos2: torch.Tensor) -> None:
         """Add the values degrees[k, :] (with their vectors' norms[k, :] and cos2[k, :]) to row idx[k]."""
@@ -84,6 +93,7 @@ class AngleStats:
         self.norm_sum += other.norm_sum
         self.cos2_sum += other.cos2_sum
         self.null_sum += other.null_sum
+        self.null_cos2_sum += other.null_cos2_sum
         return self
 
     def all_reduce(self) -> "AngleStats":
@@ -101,9 +111,9 @@ class AngleStats:
     @classmethod
     def from_flat(cls, rows, d, flat: torch.Tensor, null_directions: int = 0) -> "AngleStats":
         stats = cls(rows, d, flat.device, null_directions)
-        widths = [{"hist": BINS, "null_sum": null_directions}.get(t, 1) for t in cls.TENSORS]
+        widths = [BINS if t == "hist" else null_directions if t in cls.PER_DIRECTION else 1 for t in cls.TENSORS]
         for name, part in zip(cls.TENSORS, flat.split(widths, 1)):
-            setattr(stats, name, part.squeeze(1) if name not in ("hist", "null_sum") else part.clone())
+            setattr(stats, name, part.clone() if name == "hist" or name in cls.PER_DIRECTION else part.squeeze(1))
         return stats
 
     def records(self, step: int, identity: dict | None = None) -> list[dict]:
@@ -111,6 +121,7 @@ class AngleStats:
         null_std = math.degrees(1 / math.sqrt(self.d))
         count, mean, m2, hist = self.count.cpu(), self.mean.cpu(), self.m2.cpu(), self.hist.cpu().long()
         random_means = self.null_sum.cpu() / count.clamp_min(1)[:, None]  # [rows, directions]
+        random_cos2 = self.null_cos2_sum.cpu() / count.clamp_min(1)[:, None]
         out = []
         for i, (layer, site, reference, position) in enumerate(self.rows):
             n = count[i].item()
@@ -125,7 +136,7 @@ class AngleStats:
                    "null_mean_deg": 90.0, "null_std_deg": null_std, "null_percentile": "",
                    "null_random_mean_deg": "", "null_random_std_deg": "", "null_directions": "", "d": self.d,
                    "histogram": " ".join(map(str, hist[i].tolist())),  # counts per degree, 0..180
-                   "null_random_means_deg": ""}
+                   "null_random_means_deg": "", "null_random_cos2": ""}
             if self.null_directions and not site.endswith(".rotation"):
                 means = random_means[i]
                 below = (means < mean[i]).sum().item() + 0.5 * (means == mean[i]).sum().item()
@@ -136,5 +147,6 @@ class AngleStats:
                            null_directions=self.null_directions)
                 if reference == "uniform" and position == "all":
                     row["null_random_means_deg"] = " ".join(f"{m:.{MEANS_DECIMALS}f}" for m in means.tolist())
+                    row["null_random_cos2"] = " ".join(f"{c:.{COS2_DIGITS}g}" for c in random_cos2[i].tolist())
             out.append(row)
         return out

@@ -14,13 +14,15 @@ IDENTITY_COLUMNS = ("run", "model", "norm", "seed", "source")  # what was measur
 CSV_COLUMNS = (*IDENTITY_COLUMNS, "step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg",
                "sem_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
                "null_percentile", "null_random_mean_deg", "null_random_std_deg", "null_directions", "d", "histogram",
-               "null_random_means_deg")
+               "null_random_means_deg", "null_random_cos2")
+PER_DIRECTION_COLUMNS = ("null_random_means_deg", "null_random_cos2")  # J numbers a row, added to the end in turn
 
 
 def is_angles_header(line: str) -> bool:
-    """The first line of an angles CSV that normlab writes now, or wrote before null_random_means_deg (an earlier
-    file that normlab-angles adds to: rewritten with the column, empty in its old rows)."""
-    return line in (",".join(CSV_COLUMNS), ",".join(CSV_COLUMNS[:-1]))
+    """The first line of an angles CSV that normlab writes now, or wrote before null_random_cos2 or before
+    null_random_means_deg too (an earlier file that normlab-angles adds to: rewritten with the columns, empty in its
+    old rows)."""
+    return line in [",".join(CSV_COLUMNS[:len(CSV_COLUMNS) - k]) for k in range(len(PER_DIRECTION_COLUMNS) + 1)]
 
 
 class AnalysisError(NormlabError):
@@ -75,10 +77,10 @@ ANGLE_COLUMN_TYPES = {
     "reference": str,
     "position": str,
     "histogram": lambda v: [int(c) for c in v.split()],
-    "null_random_means_deg": lambda v: [float(c) for c in v.split()],
+    **dict.fromkeys(PER_DIRECTION_COLUMNS, lambda v: [float(c) for c in v.split()]),
 }  # any other column: float
 OPTIONAL_COLUMNS = ("sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "null_directions",
-                    "null_random_means_deg")
+                    *PER_DIRECTION_COLUMNS)
 REQUIRED_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in IDENTITY_COLUMNS + OPTIONAL_COLUMNS)  # older files too
 
 

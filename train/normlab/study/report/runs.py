@@ -90,7 +90,7 @@ INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null
 FLOAT_COLUMNS = {"mean_deg", "std_deg", "min_deg", "max_deg", "mean_norm", "mean_cos2", "null_mean_deg", "null_std_deg",
                  "sem_deg", "null_percentile", "null_random_mean_deg", "null_random_std_deg", "loss", "ablated_loss",
                  "delta", "ci_low", "ci_high", "share_along_1", "value", "stderr"}
-LIST_COLUMNS = {"null_random_means_deg"}  # floats separated by spaces
+LIST_COLUMNS = {"null_random_means_deg", "null_random_cos2"}  # floats separated by spaces
 ANGLE_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "mean_cos2",
                  "null_std_deg", "d")  # what the report needs of an angles CSV; any other column is optional
 ABLATION_COLUMNS = ("site", "delta")

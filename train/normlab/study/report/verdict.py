@@ -5,7 +5,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from normlab.probe.extremes import Unavailable, extremes
-from normlab.probe.profiles import last_step, profile, runs_text, site_tick
+from normlab.probe.profiles import Point, last_step, profile, runs_text, site_tick
+from normlab.probe.shares import ShareExtremes, share_extremes
 from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
@@ -83,34 +84,59 @@ class AngleCells:
     share: str
     measured_null: bool = True  # False: the null of independent tokens (‡)
     no_max_null: str = ""  # why the largest of the sites is compared with +-2 only (§), "" where it is not
+    no_share_null: str = ""  # why there is no sign-invariant statistic nor share percentile (¶), "" where there is
+
+
+def threshold_text(threshold: float | None) -> str:
+    return f"5% threshold {threshold:.1f}" if threshold is not None else "too few directions for a 5% threshold"
+
+
+def sign_invariant_text(shares: ShareExtremes | Unavailable) -> str:
+    """The mean cos^2 along 1, each seed against its own random directions, combined over seeds (probe.shares)."""
+    if isinstance(shares, Unavailable):
+        return "sign-invariant: unavailable¶"
+    return (f"sign-invariant, mean cos² along 1 (Stouffer over {runs_text(shares.runs)}): {shares.z_max:+.1f} at "
+            f"{site_tick(shares.site)}, largest of {shares.sites} sites: p {shares.p_max:.3f} "
+            f"({threshold_text(shares.threshold)})")
+
+
+def share_cell(points: dict[tuple, Point], shares: ShareExtremes | Unavailable) -> str:
+    """The largest share along 1 over the sites (seed average), with its percentile among the random directions'
+    shares at that site where angles.csv has them."""
+    key, point = max(points.items(), key=lambda item: item[1].share)
+    if isinstance(shares, Unavailable):
+        return f"{point.share:.4f} ({site_tick(key)}; 1/d = {1 / point.d:.4f}; no percentile¶)"
+    return (f"{point.share:.4f} ({site_tick(key)}): percentile {shares.percentile[key]:.1f} of {shares.directions} "
+            f"random directions' shares there (their median {shares.null_median[key]:.4f}; 1/d = {1 / point.d:.4f})")
 
 
 def angle_cells(series: Series, row_steps: set[int] = frozenset()) -> AngleCells:
     """At the norm inputs: the site whose mean angle to 1 lies farthest from 90 (seed level), against the null of the
-    largest of all sites (probe.extremes), and the most extreme single run; the largest share along 1."""
+    largest of all sites (probe.extremes), and the most extreme single run, corrected for its choice among the runs;
+    beside it the sign-invariant statistic on the mean cos^2 (probe.shares); the largest share along 1, placed among
+    random directions' shares."""
     points = profile(series.angles, "input", "uniform")
     if not points:
         return AngleCells("no angles.csv", "—")
-    share_key, share = max(points.items(), key=lambda item: item[1].share)
-    share_text = f"{share.share:.4f} ({site_tick(share_key)}; null 1/d = {1 / share.d:.4f})"
+    shares = share_extremes(series.angles, series.labels)
+    share_text, no_share_null = share_cell(points, shares), getattr(shares, "reason", "")
     steps = step_note({s for p in points.values() for s in p.steps}, set(row_steps))
     found = extremes(series.angles, series.labels)
     if isinstance(found, Unavailable):  # the largest deviation in null sds, as before the per-direction means
         key, point = max(points.items(), key=lambda item: abs(item[1].deviation))
         measured = all(p.random_sd is not None for p in points.values())
         deviation = (f"{point.deviation:+.1f} ({site_tick(key)}, {point.mean:.2f}°){'' if measured else '‡'}§, "
-                     f"largest of {len(points)} sites{steps}")
-        return AngleCells(deviation, share_text, measured, found.reason)
+                     f"largest of {len(points)} sites{steps}; {sign_invariant_text(shares)}")
+        return AngleCells(deviation, share_text, measured, found.reason, no_share_null)
     level = found.seed_level
-    threshold = (f"5% threshold {level.threshold:.1f}" if level.threshold is not None
-                 else "too few directions for a 5% threshold")
-    deviation = (f"{level.z_max:+.1f} at {site_tick(level.site)} ({points[level.site].mean:.2f}°), largest of "
-                 f"{level.sites} sites: p {level.p_max:.3f} ({threshold}; {level.directions} directions){steps}")
+    deviation = (f"signed: {level.z_max:+.1f} at {site_tick(level.site)} ({points[level.site].mean:.2f}°), largest "
+                 f"of {level.sites} sites: p {level.p_max:.3f} ({threshold_text(level.threshold)}; "
+                 f"{level.directions} directions){steps}")
     if len(found.runs) > 1:
         label, run = found.extreme_run
         deviation += (f"; most extreme run: {label}, {run.z_max:+.1f} at {site_tick(run.site)} (p {run.p_max:.3f} "
-                      f"for one run of {len(found.runs)})")
-    return AngleCells(deviation, share_text)
+                      f"for one run; {found.extreme_run_p:.3f} for the most extreme of {len(found.runs)}, Šidák)")
+    return AngleCells(f"{deviation}; {sign_invariant_text(shares)}", share_text, no_share_null=no_share_null)
 
 
 def replacements(comparisons: list[Comparison]) -> str:
@@ -131,9 +157,10 @@ def verdict_header(replaced: str, pointwise: list[str]) -> str:
         f" and before the point-wise map of {', '.join(pointwise)}" if pointwise else "")
     return (f"| model | norm | runs | step | final val loss, uncentred − centred{replaced}, paired by seed: mean "
             "[95% t interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same "
-            "mean to random directions, against the largest of all sites | largest share of ‖x‖² along 1 at the norm "
-            f"inputs | ablation at every norm ({ablation}): Δ loss [95% interval: t over seeds, bootstrap for one "
-            "run] |\n|---|---|---:|---:|---|---|---|---|")
+            "mean to random directions, against the largest of all sites; beside it the same for the mean cos² "
+            "along 1, blind to its sign | largest share of ‖x‖² along 1 at the norm inputs, with its percentile "
+            f"among random directions' shares | ablation at every norm ({ablation}): Δ loss [95% interval: t over "
+            "seeds, bootstrap for one run] |\n|---|---|---:|---:|---|---|---|---|")
 
 
 def loss_cell(comparison: Comparison) -> str:
@@ -192,14 +219,24 @@ weights and see the same batches.
   over the seeds (it assumes their differences are normal; with 2 seeds t = 12.7, so the interval is wide). An
   interval that excludes 0 says the mean difference over seeds is unlikely to be 0, not that every seed agrees (the
   count of seeds above 0 says that); one that includes 0 says these seeds cannot tell, not that the norms are equal.
-- Angle: at each norm input, the mean angle to 1 (over the probe's tokens, averaged over the seeds) against the same
-  mean taken for random directions, on the scale of what is compared (a seed average against seed averages). The
-  column names the most extreme of all sites; p is the share of random directions whose own most extreme site is at
-  least as far out, so it accounts for choosing the largest of many sites. A small p says 1 is special among
-  directions; a large one says this probe cannot tell 1 from a random direction, not that it is one.
-- Share: how much of the inputs' squared norm lies along 1, which is what a mean subtraction removes (a random
-  direction holds 1/d). In an LN model nothing reads the residual stream before a norm removes that component, so
-  the loss cannot see it and its angles are partly so by construction: the RMS rows are the informative ones.
+- Angle, signed: at each norm input, the mean angle to 1 (over the probe's tokens, averaged over the seeds) against
+  the same mean taken for random directions, on the scale of what is compared (a seed average against seed averages).
+  The column names the most extreme of all sites; p is the share of random directions whose own most extreme site is
+  at least as far out, so it accounts for choosing the largest of many sites. A small p says 1 is special among
+  directions; a large one says this probe cannot tell 1 from a random direction, not that it is one. Seeds whose
+  1-components point opposite ways (one at 86°, another at 92°) cancel in this average. The most extreme run was
+  picked among R runs: beside its p for one run stands 1 − (1 − p)^R, that of the most extreme of R (Šidák).
+- Angle, sign-invariant: each seed's mean cos² along 1 in sds of its own random directions' mean cos², summed over
+  the seeds and divided by √seeds (Stouffer), the largest |z| of all sites against the largest of each random
+  direction's. It sees a 1-component of either sign, so opposite seeds add up here instead of cancelling; + says 1
+  holds more of ‖x‖² than random directions do, − less. A small p beside a large signed p says the seeds hold a
+  1-component whose sign they do not share.
+- Share: how much of the inputs' squared norm lies along 1, which is what a mean subtraction removes, at the site
+  where it is largest, and its percentile among random directions' shares there (seed averages; a random direction
+  holds 1/d on average, but their spread is wide): of that site alone, not corrected for picking it (the
+  sign-invariant p is).
+  In an LN model nothing reads the residual stream before a norm removes that component, so the loss cannot see it
+  and its angles are partly so by construction: the RMS rows are the informative ones.
 - Ablation: the change of loss when, at inference, LN's mean subtraction is removed or RMS's inputs are centred at
   every norm. It asks whether this trained model relies on its centring (or would tolerate one); it does not say
   whether centring helped training, which is the loss column's question. One seed: a bootstrap interval over the
@@ -247,4 +284,7 @@ def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
         notes.append("§ the largest of the sites in null sds with no null of the largest (of S sites, one exceeds ±2 "
                      "by chance far more often than 5% of the time; a seed average is divided by one run's null "
                      f"sd): {'; '.join(reasons)}.")
+    if reasons := sorted({c.no_share_null for c in cells if c.no_share_null}):
+        notes.append("¶ no sign-invariant statistic nor share percentile (they need each random direction's mean "
+                     f"cos², null_random_cos2 of angles.csv): {'; '.join(reasons)}.")
     return "".join(f"{n}\n\n" for n in notes)

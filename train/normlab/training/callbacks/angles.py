@@ -13,7 +13,7 @@ from normlab.data.corpus import load_probe
 from normlab.data.tokenizer import EOT
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites, stat_rows
-from normlab.probe.table import CSV_COLUMNS, run_identity
+from normlab.probe.table import CSV_COLUMNS, PER_DIRECTION_COLUMNS, run_identity
 from normlab.training.checkpoint_files import checkpoint_steps, verify
 from normlab.training.loader import read_checkpoint
 from normlab.training.run_dir import RunDirectory
@@ -153,9 +153,9 @@ class AngleCallback(L.Callback):
 
 
 def wandb_table(records: list[dict]) -> tuple[list[str], list[list]]:
-    """The angles table for wandb: every column of angles.csv but the per-direction means (J numbers a row, for the
-    report's null, ~9 KB a row at J = 1,000: angles.csv keeps them), empty cells as None (one type a column)."""
-    columns = [c for c in records[0] if c != "null_random_means_deg"]
+    """The angles table for wandb: every column of angles.csv but the per-direction ones (J numbers a row, for the
+    report's nulls, ~9 KB a row each at J = 1,000: angles.csv keeps them), empty cells as None (one type a column)."""
+    columns = [c for c in records[0] if c not in PER_DIRECTION_COLUMNS]
     return columns, [[None if r[c] == "" else r[c] for c in columns] for r in records]
 
 
