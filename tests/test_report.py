@@ -122,14 +122,15 @@ def png_width(path: Path) -> int:
 
 
 def test_t_quantiles_match_the_exact_values():
-    assert t_quantile_975(1) == 12.7062 and t_quantile_975(2) == 4.3027 and t_quantile_975(30) == 2.0423
+    for df, exact in ((1, 12.7062047), (2, 4.3026527), (30, 2.0422725)):  # printed tables, to 7 decimals
+        assert t_quantile_975(df) == pytest.approx(exact, abs=1e-7)
     assert t_quantile_975(40) == pytest.approx(2.021075, abs=1e-6)  # scipy.stats.t.ppf(0.975, 40)
     assert t_quantile_975(120) == pytest.approx(1.979930, abs=1e-6)
 
 
 def test_interval_of_paired_differences_by_hand():
     interval = Interval.of([0.02, 0.03, 0.01])  # mean 0.02, sd 0.01, t(2) = 4.3027
-    half = 4.3027 * 0.01 / math.sqrt(3)
+    half = 4.3026527 * 0.01 / math.sqrt(3)
     assert (interval.mean, interval.sd) == (pytest.approx(0.02), pytest.approx(0.01))
     assert (interval.low, interval.high) == (pytest.approx(0.02 - half), pytest.approx(0.02 + half))
     assert interval.excludes_zero is False
@@ -151,11 +152,14 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     report(f"runs={sweep}", f"out={tmp_path / 'out'}")
 
     summary = (tmp_path / "out/summary.md").read_text()
-    # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248
+    # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248; t = 3.464 on 2 df: p 0.0742, alone
+    # in its family (Holm changes nothing); 3 of 3 above 0: sign test 0.25; (4.3027 + t_0.8 1.0607) x 0.00577 = 0.0310
     assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
-            "(t over 3 seeds), includes 0; above 0 in 3 of 3 seeds |") in summary
-    assert ("| rmsnorm − layernorm (the bias differs too) | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | +0.0200 "
-            "| 0.0100 | [-0.0048, +0.0448] | no |") in summary
+            "(t over 3 seeds, 2 df), Holm [-0.0048, +0.0448], p 0.0742: includes 0; above 0 in 3 of 3 seeds (sign "
+            "test p 0.25); 80% power at ±0.0310 |") in summary
+    assert ("| rmsnorm − layernorm (the bias differs too) | paired t | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | "
+            "+0.0200 | [-0.0048, +0.0448] (2 df) | Holm [-0.0048, +0.0448], p 0.0742 | no | 3 of 3 (0.25) | ±0.0310 |"
+            ) in summary
     assert "| tiny-rmsnorm-seed3 | rmsnorm | 3 |" in summary and "| 6 of 10 |" in summary
     assert "**unfinished: step 6 of 10: left out**" in summary
     assert "tiny-layernorm-seed3 | layernorm | 3 |" in summary and "no run of the other norm with its seed" in summary
@@ -321,17 +325,20 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tm
     assert [(c.label, len(c.pairs)) for c in group.comparisons] == [
         ("rmsnorm_bias − layernorm (with bias)", 2), ("rmsnorm − layernorm_nobias (without bias)", 2)]
     summary = (tmp_path / "out/summary.md").read_text()
-    # by hand: the centring's effect with a bias 0.030, 0.020 (mean 0.025, sd 0.00707: ± 12.7062 x 0.005); without
-    # -0.010, +0.005; the bias's effect -0.020, -0.010 (centred) and +0.020, +0.005 (uncentred); the interaction
-    # 0.030 - (-0.010) = 0.040 and 0.020 - 0.005 = 0.015
+    # by hand, the factorial blocked by seed: seed 0 − seed 1 per cell -0.100, -0.090, -0.090, -0.105 (mean
+    # -0.09625); residuals ±(d - mean) / 2: SS = 2 x 4.21875e-5, on 3 df: sd 0.0053033. The centring with a bias:
+    # 0.025 ± 3.1824 x 0.0053033 (weights ±1: se = sd) = [+0.0081, +0.0419]; without: -0.0025 [-0.0194, +0.0144];
+    # averaged over bias 0.01125 ± 3.1824 x 0.00375; interaction 0.0275 ± 3.1824 x 0.0075. Holm over the 5: the
+    # centring's is third by p (0.0577 x 3 = 0.173)
     assert "### Centring × bias, paired by seed" in summary
-    assert ("| with | layernorm: 3.0500 (2 seeds) | rmsnorm_bias: 3.0750 (2 seeds) | +0.0250 [-0.0385, +0.0885] "
-            "(t over 2 seeds) |") in summary
-    assert ("| without | layernorm_nobias: 3.0650 (2 seeds) | rmsnorm: 3.0625 (2 seeds) | -0.0025 [-0.0978, +0.0928] "
-            "(t over 2 seeds) |") in summary
-    assert ("| with − without, paired by seed | -0.0150 [-0.0785, +0.0485] (t over 2 seeds) | +0.0125 [-0.0828, "
-            "+0.1078] (t over 2 seeds) | interaction (the centring's effect with a bias − without): "
-            "+0.0275 [-0.1313, +0.1863] (t over 2 seeds) |") in summary
+    assert "| with | layernorm: 3.0500 | rmsnorm_bias: 3.0750 |" in summary
+    assert "| without | layernorm_nobias: 3.0650 | rmsnorm: 3.0625 |" in summary
+    assert ("| **primary**: centring, averaged over bias (uncentred − centred) | +0.0112 [-0.0007, +0.0232] (t over 2 "
+            "seeds, 3 df) | Holm [-0.0070, +0.0295], p 0.173 |") in summary
+    assert "| interaction (the centring's effect with a bias − without) | +0.0275 [+0.0036, +0.0514]" in summary
+    assert ("| rmsnorm_bias − layernorm (with bias) | 2x2 factorial blocked by seed, pooled residual | 2 (0, 1) | "
+            "+0.0300, +0.0200 | +0.0250 | [+0.0081, +0.0419] (3 df) |") in summary
+    assert "| +0.0250 | [+0.0081, +0.0419] (3 df) |" in summary and "| -0.0025 | [-0.0194, +0.0144] (3 df) |" in summary
     assert "differ in the bias as well as in the centring" not in summary  # each comparison is the centring's alone
 
 
@@ -342,8 +349,8 @@ def test_a_2x2_cell_pair_without_a_common_seed_says_so(tmp_path):
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
     summary = (tmp_path / "out/summary.md").read_text()
-    assert "| with | layernorm: 3.0000 (1 seed) | rmsnorm_bias: 3.0000 (1 seed) | no common seed |" in summary
-    assert "interaction (the centring's effect with a bias − without): no seed in all four cells |" in summary
+    assert "### Centring × bias" not in summary  # no seed has all four cells: no factorial
+    assert "Primary contrast of tiny (analysis.primary=centring): not estimable here" in summary
 
 
 def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_path):
@@ -394,16 +401,19 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     assert [(c.name, u.name) for c, u in dyt.pairs] == [(f"layernorm-seed{s}", f"dyt-seed{s}") for s in range(3)]
     assert dyt.differences == pytest.approx([0.20, 0.15, 0.30])
     summary = (tmp_path / "out/summary.md").read_text()
-    # by hand: 0.20, 0.15, 0.30: mean 0.2167, sd 0.0764, half-width 4.3027 x 0.0764 / sqrt 3 = 0.1897
-    assert (f"| tiny† | dyt | 3 | 10 | {DYT}: +0.2167 [+0.0269, +0.4064] (t over 3 seeds), "
-            "**excludes 0**; above 0 in 3 of 3 seeds | +0.0 (0 attn, 90.00°)‡§, largest of 5 sites"
+    # by hand: 0.20, 0.15, 0.30: mean 0.2167, sd 0.0764, half-width 4.3027 x 0.0764 / sqrt 3 = 0.1897; t = 4.91 on 2
+    # df, p 0.039: first of the family of two, at 0.025: ± 6.2053 x 0.0441 = [-0.0570, +0.4903], p 2 x 0.039; the
+    # other (p 0.0742) then at 0.05, its adjusted p no smaller than the first's
+    assert (f"| tiny† | dyt | 3 | 10 | {DYT}: +0.2167 [+0.0269, +0.4064] (t over 3 seeds, 2 df), Holm [-0.0570, "
+            "+0.4903], p 0.078: excludes 0 alone, not after Holm; above 0 in 3 of 3 seeds (sign test p 0.25); 80% "
+            "power at ±0.2365 | +0.0 (0 attn, 90.00°)‡§, largest of 5 sites"
             "; sign-invariant: unavailable¶ | 0.0500 (final; 1/d = 0.0156; no percentile¶) | "
             "centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap "
             "over windows); 2 runs not ablated |") in summary
-    assert (f"| {DYT} | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | 0.0764 | [+0.0269, +0.4064] | "
-            "**yes** |") in summary
+    assert (f"| {DYT} | paired t | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | [+0.0269, +0.4064] (2 df) "
+            "| Holm [-0.0570, +0.4903], p 0.078 | no | 3 of 3 (0.25) | ±0.2365 |") in summary
     assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
-            "(t over 3 seeds), includes 0; above 0 in 3 of 3 seeds |") in summary  # as without DyT
+            "(t over 3 seeds, 2 df), Holm [-0.0048, +0.0448], p 0.078: includes 0;") in summary  # in DyT's family
     assert "| tiny† | layernorm | 3 | 10 | reference |" in summary
     text = " ".join(summary.split())
     assert "final val loss, uncentred − centred (dyt: − layernorm), paired by seed" in text
@@ -452,8 +462,7 @@ def test_a_users_norm_beside_rmsnorm_is_no_replicate_and_is_compared_with_the_re
     summary = (tmp_path / "out/summary.md").read_text()
     # 0.05, 0.02: mean 0.035, sd 0.0212, half-width 12.7062 x 0.0212 / sqrt 2 = 0.1906
     assert ("| tiny† | scalenorm | 2 | 10 | scalenorm − layernorm (another norm in place of layernorm; the bias "
-            "differs too): +0.0350 [-0.1556, +0.2256] (t over 2 seeds), includes 0; above 0 in 2 of 2 seeds "
-            "|") in summary
+            "differs too): +0.0350 [-0.1556, +0.2256] (t over 2 seeds, 1 df), Holm [") in summary
     assert "final val loss, uncentred − centred (scalenorm: − layernorm), paired by seed" in summary
     # RMSNorm's 6,540,864 parameters less 63 at each of its 5 norms (one scalar gain for 64)
     assert "| scalenorm-seed1 | scalenorm | 1 | 6,540,549 |" in summary and "point-wise" not in summary
@@ -470,8 +479,8 @@ def test_declared_pairs_or_reference_are_what_is_compared_and_a_name_no_run_has_
     table = summary.split("### Final validation loss, paired by seed")[1].split("###")[0]
     assert [row.split(" | ")[0] for row in table.splitlines() if " − " in row] == [f"| {by_rmsnorm}"]  # it alone
     # 0.03, -0.01: mean 0.01, sd 0.0283, half-width 12.7062 x 0.0283 / sqrt 2 = 0.2541
-    assert (f"| tiny† | scalenorm | 2 | 10 | {by_rmsnorm}: +0.0100 [-0.2441, +0.2641] (t over 2 seeds), includes 0; "
-            "above 0 in 1 of 2 seeds |") in summary
+    assert (f"| tiny† | scalenorm | 2 | 10 | {by_rmsnorm}: +0.0100 [-0.2441, +0.2641] (t over 2 seeds, 1 df), "
+            "Holm [") in summary and "above 0 in 1 of 2 seeds (sign test p 1)" in summary
     assert "| tiny† | layernorm | 2 | 10 | no pair |" in summary
     assert "| tiny† | rmsnorm | 2 | 10 | reference |" in summary
     assert [(c.label, c.differences) for c in group.comparisons] == [  # the 2x2 as before, then the reference's
@@ -509,6 +518,15 @@ def kept_in_order(lines: list[str], within: list[str]) -> bool:
                for line in lines)
 
 
+def unadjusted(summary: str) -> list[str]:
+    """The lines of summary.md with what depends on the size of the family masked: the Holm-adjusted intervals and
+    p, what they say of 0, and the family's size."""
+    for pattern in (r"Holm \[[^\]]*\], p [^ :|]+", r"\*\*excludes 0 after Holm\*\*|excludes 0 alone, not after Holm",
+                    r"\| (no|\*\*yes\*\*) \| (?=\d+ of)", r"The family: \d+ comparisons"):
+        summary = re.sub(pattern, "…", summary)
+    return summary.splitlines()
+
+
 def test_dyt_beside_the_2x2_sweep_is_no_replicate_of_rmsnorm_bias_and_only_adds_to_its_report(tmp_path):
     losses = {"layernorm": (3.000, 3.100), "rmsnorm_bias": (3.030, 3.120), "layernorm_nobias": (3.020, 3.110),
               "rmsnorm": (3.010, 3.115)}  # per seed, as in the 2x2 test
@@ -528,15 +546,14 @@ def test_dyt_beside_the_2x2_sweep_is_no_replicate_of_rmsnorm_bias_and_only_adds_
         DYT]
     assert all(run.norm.name != "dyt" for c in group.comparisons[:2] for pair in c.pairs for run in pair)
     assert group.comparisons[2].differences == pytest.approx([0.25, -0.05])
-    without = (tmp_path / "without/summary.md").read_text().splitlines()
-    with_dyt = (tmp_path / "with/summary.md").read_text().splitlines()
-    assert without[4] == OLD_HEADER and "dyt" not in " ".join(without).replace(str(tmp_path), "").lower()
-    # DyT adds rows, a comparison, its note and its columns of the per-layer table; the 2x2 table and every other
-    # line stay as they were
+    without = unadjusted((tmp_path / "without/summary.md").read_text())
+    with_dyt = unadjusted((tmp_path / "with/summary.md").read_text())
+    assert OLD_HEADER in without and "dyt" not in " ".join(without).replace(str(tmp_path), "").lower()
+    # DyT adds rows, a comparison (to the family, so the Holm-adjusted numbers grow), its note and its columns of the
+    # per-layer table; the 2x2 table and every other line stay as they were
     assert kept_in_order([line for line in without if line != OLD_HEADER], with_dyt)
     assert not kept_in_order(without, with_dyt)  # (the header alone names DyT)
-    assert ("| with | layernorm: 3.0500 (2 seeds) | rmsnorm_bias: 3.0750 (2 seeds) | +0.0250 [-0.0385, +0.0885] "
-            "(t over 2 seeds) |") in with_dyt
+    assert "| with | layernorm: 3.0500 | rmsnorm_bias: 3.0750 |" in with_dyt
     assert f"| tiny† | dyt | 2 | 10 | {DYT}: +0.1000 [" in "\n".join(with_dyt)
 
 
@@ -683,7 +700,8 @@ def test_values_that_are_not_finite_are_named_once_per_file_and_left_out_of_ever
     assert "| rms-seed2 | rmsnorm | 2 |" in summary
     assert "**final val loss (after step 10) not finite in metrics.csv: left out**" in summary
     # seeds 0 and 1 paired: 0.01 and 0.02
-    assert "| rmsnorm − layernorm (the bias differs too) | 2 (0, 1) | +0.0100, +0.0200 | +0.0150 |" in summary
+    assert ("| rmsnorm − layernorm (the bias differs too) | paired t | 2 (0, 1) | +0.0100, +0.0200 | +0.0150 |"
+            in summary)
     (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
     angle = row.split(" | ")[5]  # seed 0 lacks a site now: the largest of the sites without the null of the largest
     assert angle.startswith("+8.6 (final, 91.00°)§, largest of 5 sites")  # not the site left out: 0 attn

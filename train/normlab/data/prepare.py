@@ -42,7 +42,7 @@ from tqdm import tqdm
 from normlab.common import outputs
 from normlab.common.errors import DataError, NormlabError
 from normlab.common.paths import DOWNLOADS_DIR
-from normlab.data import tokenizer
+from normlab.data import tokenizer, unigram
 from normlab.data.tokenizer import fetch_sdist
 
 META_FILE = "meta.json"
@@ -376,6 +376,7 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
             split = docs.train_test_split(test_size=source.val_fraction, seed=source.split_seed)
             for name, part in (("train", split["train"]), ("val", split["test"])):
                 meta["splits"][name] = write_split(part, encoding, new / f"{name}.bin", num_proc)
+            meta[unigram.KEY] = unigram.of_splits(new, meta)  # the report's learning check
         with open(new / META_FILE, "w") as f:
             f.write(json.dumps(meta, indent=2) + "\n")
             f.flush()

@@ -4,8 +4,11 @@ LayerNorm's mean subtraction do any work?", as tables (summary.md) and figures (
 Runs are grouped by their whole resolved config less what does not shape the comparison (the seed, the norm, names,
 paths, loggers, devices: `comparison_settings`); within a group, the runs of two norms (a norm: its name and its
 layer's settings; what it is: what its class says, model.norms.traits) of the same seed form a pair (same initial
-weights, same batches), and the paired differences of their final validation loss give a t-based 95% confidence
-interval. Which norms are compared is declared (conf/report.yaml): the centring x bias 2x2 among the norms whose class
+weights, same batches), and the paired differences of their final validation loss (the mean of their last
+analysis.final_validations) give a t-based 95% confidence interval; the four norms of a complete centring x bias 2x2
+are one factorial blocked by seed, and every comparison is a member of one family, Holm-adjusted (contrasts.py). A run
+whose final loss is not clearly below its data's held-out unigram cross-entropy did not learn, and is compared with
+nothing. Which norms are compared is declared (conf/report.yaml): the centring x bias 2x2 among the norms whose class
 says it is of it (LayerNorm, RMSNorm, with and without a bias) and every other norm (DyT, a user's) against the
 `reference` norm, or the `pairs` given. Unfinished runs (by their checkpoints' steps), runs whose final validation
 loss is not finite or missing, and replicates (the same norm, settings and seed as another) are shown and flagged,
@@ -16,8 +19,9 @@ warning. Angles come from each run's angles.csv at its last measured step, ablat
 to read every table and figure.
 
 The package: runs.py reads run directories, pretrained.py the CSVs of pretrained models, groups.py groups and pairs
-the runs, intervals.py holds the paired statistics, verdict.py and tables.py write summary.md's tables, figures.py
-draws the figures (the per-layer one with training's angle callback: normlab/probe/figure.py); here, the command.
+the runs, intervals.py holds the paired statistics and contrasts.py the family of comparisons (the 2x2 factorial,
+Holm), verdict.py and tables.py write summary.md's tables, numbers.py their numbers as CSV, figures.py draws the figures
+(the per-layer one with training's angle callback: normlab/probe/figure.py); here, the command.
 """
 
 from pathlib import Path
@@ -28,8 +32,10 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common import outputs
 from normlab.probe.figure import DPI
 from normlab.probe.table import AnalysisError
+from normlab.study.report.contrasts import family
 from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
 from normlab.study.report.groups import Declared, group_runs
+from normlab.study.report.numbers import write_numbers
 from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
@@ -67,7 +73,8 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
         raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}{hint}")
     check_declared(declared, runs)
     groups = group_runs(runs, declared)  # each run's norm class answers here, before anything is written
-    table, notes = verdict(groups, pretrained)
+    members = family(groups)
+    table, notes = verdict(groups, pretrained, members)
     head = f"# normlab report\n\n## Verdict\n\n{table}\n{notes}{HOW_TO_READ}\n"
     if replaced:
         head += "Skipped (runs moved aside by restart=true): " + ", ".join(f"`{p}`" for p in replaced) + "\n\n"
@@ -76,13 +83,15 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
             f"- `{p}`: {what}; its angles enter as a pretrained model's: `normlab-angles model_path={p}`, then that "
             "CSV in csvs=[...]\n" for p, what in untrained) + "\n"
     parameters: dict = {}
-    sections = [group_section(g, parameters) for g in groups] + [pretrained_section(m) for m in pretrained]
+    sections = [group_section(g, parameters, members) for g in groups] + [pretrained_section(m) for m in pretrained]
     # the tables are ready: a failure before this point writes nothing, one after it leaves the old report whole
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
         figures = [draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
         (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, figures)))
+        tables = write_numbers(staging, groups, pretrained, members)
     count = sum(len(f) for f in figures)
-    print(table + f"\nwrote summary.md and {count} figures (PDF and PNG, {DPI} dpi) to {out}")
+    print(table + f"\nwrote summary.md, {count} figures (PDF and PNG, {DPI} dpi) and its numbers "
+          f"({', '.join(tables)}) to {out}")
 
 
 def as_paths(value) -> list[Path]:

@@ -134,14 +134,6 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
-def paired_validation(comparison: Comparison) -> tuple[list[int], list[list[float]]]:
-    """The validation steps (optimizer steps done) that every run of the comparison logged, and per pair (seed) the
-    other − base validation loss at each of them."""
-    losses = [[dict(run.metrics.get("val/loss", [])) for run in pair] for pair in comparison.pairs]
-    logged = sorted(set.intersection(*[set(loss) for pair in losses for loss in pair]))
-    return [s + 1 for s in logged], [[other[s] - base[s] for s in logged] for base, other in losses]
-
-
 def seed_style(seeds: list[int], seed: int) -> dict:
     """The line style and marker of a seed, the same in every panel of a figure."""
     k = seeds.index(seed)
@@ -166,7 +158,7 @@ def difference_meaning(comparison: Comparison) -> tuple[str, str]:
 def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
     """One comparison's paired difference of validation loss along training: each seed's (grey, its line style and
     marker), their mean (black) and its t 95% interval over the seeds (grey band), the final step annotated."""
-    steps, differences = paired_validation(comparison)
+    steps, differences = comparison.validation_differences()
     label = comparison.label if comparison.centring else wrapped(comparison.label, 50)  # the longer label
     difference, sign = difference_meaning(comparison)
     ax.set_ylabel(wrap_label(f"val loss, {difference},\npaired by seed\n(nats/token; > 0: {sign})", YLABEL_WIDTH))

@@ -15,7 +15,7 @@ from normlab.common.run_identity import identifies_the_run
 from normlab.probe.figure import AngleSeries
 from normlab.probe.profiles import last_step
 from normlab.study.report.intervals import Interval
-from normlab.study.report.runs import Arm, Run
+from normlab.study.report.runs import LEARNED_MARGIN, Arm, Run
 from normlab.training.run_config import flat
 
 if TYPE_CHECKING:
@@ -90,13 +90,21 @@ class Comparison:
         bias = "; the bias differs too" if self.bias is None else "" if self.bias else ", both without bias"
         return f"{self.other} − {self.base} ({self.replacement} in place of {self.base}{bias})"
 
+    interval: Interval | None = None  # paired t over the seeds; the family's (contrasts.py) once it is analysed
+
+    def __post_init__(self):
+        self.interval = self.interval or Interval.of(self.differences)
+
     @property
     def differences(self) -> list[float]:
         return [o.final_val_loss - b.final_val_loss for b, o in self.pairs]
 
-    @property
-    def interval(self) -> Interval:
-        return Interval.of(self.differences)
+    def validation_differences(self) -> tuple[list[int], list[list[float]]]:
+        """The validation steps (optimizer steps done) that every run of the comparison logged, and per pair (seed)
+        other − base validation loss at each of them."""
+        losses = [[dict(run.metrics.get("val/loss", [])) for run in pair] for pair in self.pairs]
+        logged = sorted(set.intersection(*[set(loss) for pair in losses for loss in pair])) if losses else []
+        return [s + 1 for s in logged], [[other[s] - base[s] for s in logged] for base, other in losses]
 
 
 @dataclass
@@ -129,6 +137,12 @@ class Group:
         return self.runs[0].model
 
     @property
+    def unigram_loss(self) -> float | None:
+        """The held-out split's unigram cross-entropy under the training split's token frequencies (nats/token): a
+        run whose final validation loss is not clearly below it learned token frequencies and nothing else."""
+        return next((r.unigram_loss for r in self.runs if r.unigram_loss is not None), None)
+
+    @property
     def title(self) -> str:
         return f"{self.model}" + (f" ({self.distinct})" if self.distinct else "")
 
@@ -155,14 +169,19 @@ class Group:
         return [self.series_of(a) for a in self.arms() if self.compared(a)]
 
     def check_and_pair(self, declared: Declared) -> None:
-        """Flag runs without a final loss to compare (Run.incomplete: unfinished, ...) and replicates (the same norm
-        and seed as another: left out), then pair the runs of two norms by seed as declared: each of `pairs`, else
-        the 2x2 (pair_centring) and every norm outside it against the reference."""
+        """Flag runs without a final loss to compare (Run.incomplete: unfinished, ...), runs that did not learn more
+        than token frequencies (Run.learned) and replicates (the same norm and seed as another: left out), then pair
+        the runs of two norms by seed as declared: each of `pairs`, else the 2x2 (pair_centring) and every norm
+        outside it against the reference."""
         arms: dict[Arm, dict[tuple, Run]] = defaultdict(dict)  # norm -> pairing -> run
         for run in sorted(self.runs, key=lambda r: (-(r.val_step or 0), r.name)):
             kept = arms[run.norm]
             if run.incomplete:
                 run.left_out = f"{run.incomplete}: left out"
+            elif run.learned is False:
+                run.left_out = (f"did not learn: its final val loss {run.final_val_loss:.4f} is not {LEARNED_MARGIN} "
+                                f"below {run.unigram_loss:.4f}, the held-out cross-entropy of token frequencies "
+                                "alone: left out of every comparison")
             elif run.pairing in kept:
                 run.left_out = f"same settings, norm and seed as {kept[run.pairing].name}: a replicate, left out"
             else:

@@ -1,35 +1,99 @@
-"""The paired comparison's statistics: the 0.975 quantile of Student's t and the t-based 95% confidence interval of a
-mean of paired differences."""
+"""The paired statistics: Student's t (its distribution function, and its quantiles at any level), the t-based
+confidence interval of a mean of paired differences or of a contrast with a pooled variance, the exact sign test, the
+smallest difference a comparison could detect, and Holm's step-down correction of a family of comparisons. Written
+here, in float64, so that normlab needs no statistics package."""
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-# The 0.975 quantile of Student's t for 1..30 degrees of freedom (beyond: Hill's expansion, t_quantile_975)
-T_975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604,
-         2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
-         2.0518, 2.0484, 2.0452, 2.0423)
-Z_975 = 1.959963984540054
+ALPHA = 0.05  # two-sided: 95% intervals
+POWER = 0.80  # of the smallest detectable difference
+
+
+def regularized_beta(x: float, a: float, b: float) -> float:
+    """I_x(a, b), the regularized incomplete beta function, by its continued fraction (modified Lentz), on the side
+    where it converges fast."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - regularized_beta(1.0 - x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2:
+            numerator = -((a + m) * (a + b + m) * x) / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            numerator = (m * (b - m) * x) / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + numerator / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-15:
+            break
+    return front * (f - 1.0)
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    tail = 0.5 * regularized_beta(df / (df + t * t), df / 2, 0.5)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(level: float, df: float) -> float:
+    """The `level` quantile of Student's t (bisection on t_cdf, to 1e-12)."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"a quantile level must be in (0, 1), got {level}")
+    if level < 0.5:
+        return -t_quantile(1.0 - level, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < level:
+        low, high = high, high * 2
+    while high - low > 1e-12 * max(1.0, high):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_cdf(middle, df) < level else (low, middle)
+    return (low + high) / 2
 
 
 def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t: the table to 30 degrees of freedom, then the Cornish-Fisher expansion
-    about the normal quantile (G. W. Hill 1970; within 1e-7 of the exact value from 30 on)."""
-    if df <= len(T_975):
-        return T_975[df - 1]
-    z = Z_975
-    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+    return t_quantile(1 - ALPHA / 2, df)
+
+
+def two_sided_p(t: float, df: float) -> float:
+    return regularized_beta(df / (df + t * t), df / 2, 0.5)
+
+
+def sign_test_p(above: int, n: int) -> float:
+    """The exact two-sided sign test: the chance, were each seed's sign a fair coin, of a split at least as uneven as
+    `above` of `n` (3 of 3: 0.25)."""
+    extreme = max(above, n - above)
+    tail = sum(math.comb(n, k) for k in range(extreme, n + 1)) / 2**n
+    return min(1.0, 2 * tail)
 
 
 @dataclass(frozen=True)
 class Interval:
-    """The mean of paired differences with its t-based 95% confidence interval (None for a single pair)."""
-    n: int
+    """An estimate (a mean of paired differences, or a contrast of cell means) with its standard error on `df`
+    degrees of freedom, its 95% t interval, two-sided p against 0 and, once its family is known (holm), the Holm-
+    adjusted twin: the interval at its step of Holm's procedure, and the adjusted p. None where a single pair
+    leaves no spread."""
+    n: int  # seeds
     mean: float
-    sd: float | None
+    sd: float | None  # of the paired differences (a pooled contrast: its residual sd)
     low: float | None
     high: float | None
+    se: float | None = None
+    df: int | None = None
+    p: float | None = None
+    holm_low: float | None = None
+    holm_high: float | None = None
+    holm_p: float | None = None
 
     @classmethod
     def of(cls, values: list[float]) -> "Interval":
@@ -37,15 +101,52 @@ class Interval:
         if len(values) < 2:
             return cls(len(values), mean, None, None, None)
         sd = statistics.stdev(values)
-        half = t_quantile_975(len(values) - 1) * sd / math.sqrt(len(values))
-        return cls(len(values), mean, sd, mean - half, mean + half)
+        return cls.with_se(len(values), mean, sd, sd / math.sqrt(len(values)), len(values) - 1)
+
+    @classmethod
+    def with_se(cls, n: int, mean: float, sd: float, se: float, df: int) -> "Interval":
+        half = t_quantile_975(df) * se
+        p = two_sided_p(mean / se, df) if se > 0 else (1.0 if mean == 0 else 0.0)
+        return cls(n, mean, sd, mean - half, mean + half, se, df, p)
 
     @property
     def excludes_zero(self) -> bool | None:
         return None if self.low is None else self.low > 0 or self.high < 0
+
+    @property
+    def holm_excludes_zero(self) -> bool | None:
+        return None if self.holm_p is None else self.holm_p < ALPHA
+
+    @property
+    def detectable(self) -> float | None:
+        """The smallest true difference this many seeds would detect with POWER at ALPHA (two-sided), at the
+        observed spread: (t_(1-alpha/2) + t_power) x se, the usual approximation of the noncentral t."""
+        if self.se is None:
+            return None
+        return (t_quantile_975(self.df) + t_quantile(POWER, self.df)) * self.se
 
     def text(self, over: str = "") -> str:
         """The mean and its interval; `over`: what was resampled ("2 seeds"), said beside the interval."""
         if self.low is None:
             return f"{self.mean:+.4f} (1 pair: no interval)"
         return f"{self.mean:+.4f} [{self.low:+.4f}, {self.high:+.4f}]" + (f" (t over {over})" if over else "")
+
+    def holm_text(self) -> str:
+        """The Holm-adjusted twin: '[a, b], p_Holm 0.08'."""
+        if self.holm_low is None:
+            return "no Holm interval"
+        return f"Holm [{self.holm_low:+.4f}, {self.holm_high:+.4f}], p {self.holm_p:.3g}"
+
+
+def holm(intervals: list[Interval]) -> list[Interval]:
+    """Holm's step-down correction of one family: ordered by p, the i-th (from 0) of m is tested at ALPHA / (m - i),
+    its interval taken at that level, and its adjusted p is the running maximum of (m - i) p. Intervals without a
+    spread (one pair) are not in the family and come back as they are."""
+    tested = sorted((i for i, x in enumerate(intervals) if x.p is not None), key=lambda i: intervals[i].p)
+    m, running, adjusted = len(tested), 0.0, list(intervals)
+    for rank, index in enumerate(tested):
+        x = intervals[index]
+        running = max(running, min(1.0, (m - rank) * x.p))
+        half = t_quantile(1 - ALPHA / (2 * (m - rank)), x.df) * x.se
+        adjusted[index] = replace(x, holm_low=x.mean - half, holm_high=x.mean + half, holm_p=running)
+    return adjusted

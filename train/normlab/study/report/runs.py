@@ -156,6 +156,9 @@ def metric_value(column: str, value: str) -> int | float | None:
 
 
 RUN_CONFIG_KEYS = ("model.name", "norm.name", "seed")  # what the report needs of a run's config.yaml
+# A run learned more than token frequencies if its final loss is this far below their cross-entropy (nats/token): a
+# language model's first gain beyond unigram statistics is several tenths (bigrams), 0.1 leaves rounding far behind
+LEARNED_MARGIN = 0.1
 
 
 def read_config(path: Path) -> dict:
@@ -232,6 +235,7 @@ class Run:
     note: str = ""  # what else the runs table says of it
     saved_step: int | None = None  # the highest step of its checkpoints (None: none, e.g. a copy of its tables)
     nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metrics.csv: column -> steps not finite
+    unigram_loss: float | None = None  # its data's held-out unigram cross-entropy (data/unigram.py): the learning check
 
     @property
     def model(self) -> str:
@@ -262,8 +266,25 @@ class Run:
         return self.metrics["val/loss"][-1][0] + 1 if self.metrics.get("val/loss") else None
 
     @property
+    def final_validations(self) -> list[tuple[int, float]]:
+        """(step, loss) of the validations its final loss averages: the last `analysis.final_validations` of its
+        config (declared with the run; 1 for a run trained before normlab had it)."""
+        count = ((self.config.get("analysis") or {}).get("final_validations") or 1)
+        return [(step + 1, loss) for step, loss in self.metrics.get("val/loss", [])[-count:]]
+
+    @property
     def final_val_loss(self) -> float:
-        return self.metrics["val/loss"][-1][1] if self.metrics.get("val/loss") else math.nan
+        """The mean of its final validations' losses (nan: none)."""
+        found = self.final_validations
+        return math.fsum(loss for _, loss in found) / len(found) if found else math.nan
+
+    @property
+    def learned(self) -> bool | None:
+        """Whether its final loss lies clearly (LEARNED_MARGIN) below the unigram cross-entropy of its data; None
+        where either is unknown."""
+        if self.unigram_loss is None or not math.isfinite(self.final_val_loss):
+            return None
+        return self.final_val_loss < self.unigram_loss - LEARNED_MARGIN
 
     @property
     def incomplete(self) -> str:
@@ -285,8 +306,17 @@ class Run:
         return ""
 
 
+@functools.cache
+def unigram_loss(data_dir: str) -> float | None:
+    from normlab.data.unigram import held_out_loss  # here: it imports numpy
+
+    return held_out_loss(Path(data_dir))
+
+
 def load_run(run_dir: Path, name: str) -> Run:
     run = Run(run_dir, name, read_config(run_dir / "config.yaml"), saved_step=saved_step(run_dir))
+    if data_dir := (run.config.get("data") or {}).get("dir"):
+        run.unigram_loss = unigram_loss(str(data_dir))
     try:
         rows, run.nonfinite = screened(run_dir / "metrics.csv", read_rows(run_dir / "metrics.csv", metric_value),
                                        "metrics")

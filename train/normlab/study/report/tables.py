@@ -9,11 +9,13 @@ import statistics
 from omegaconf import OmegaConf
 
 from normlab.probe.profiles import profile, runs_text, site_sort, site_tick, step_text
+from normlab.study.report.contrasts import Contrast, complete_blocks, sign_along_training
 from normlab.study.report.groups import Group, Series
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
-from normlab.study.report.runs import Run
+from normlab.study.report.runs import LEARNED_MARGIN, Run
 from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, replacements, seeds_text
+from normlab.training.run_tables import step_ranges
 
 
 def parameter_count(config: dict, cache: dict) -> int:
@@ -43,56 +45,77 @@ def runs_table(group: Group, parameters: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def comparison_table(group: Group) -> str:
+def comparison_table(group: Group, members: list[Contrast]) -> str:
+    """Each comparison of the group as a member of the report's family (contrasts.py): per seed, the interval and
+    its Holm twin, the sign test, the smallest detectable difference, and its sign along the second half."""
     if not group.comparisons:
         return "No pair to compare: the group needs a centred and an uncentred finished run of one seed.\n"
-    lines = ["| comparison | pairs (seeds) | difference per seed | mean | sd | 95% CI (t) | excludes 0 |",
-             "|---|---|---|---:|---:|---|---|"]
-    for c in group.comparisons:
-        i = c.interval
-        seeds = ", ".join(str(centred.seed) for centred, _ in c.pairs)
+    lines = ["| comparison | method | pairs (seeds) | difference per seed | mean | 95% CI (t) | Holm-adjusted 95% CI, "
+             "p | excludes 0 after Holm | above 0 (sign test p) | 80% power at | along the second half |",
+             "|---|---|---|---|---:|---|---|---|---|---:|---|"]
+    for m in [m for m in members if m.comparison in group.comparisons]:
+        c, i = m.comparison, m.interval
+        seeds = ", ".join(str(base.seed) for base, _ in c.pairs)
         per_seed = ", ".join(f"{d:+.4f}" for d in c.differences)
-        ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}]"
-        sd = "—" if i.sd is None else f"{i.sd:.4f}"
-        excludes = "—" if i.excludes_zero is None else "**yes**" if i.excludes_zero else "no"
-        lines.append(f"| {c.label} | {i.n} ({seeds}) | {per_seed} | {i.mean:+.4f} | {sd} | {ci} | {excludes} |")
+        ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}] ({i.df} df)"
+        excludes = "—" if i.holm_excludes_zero is None else "**yes**" if i.holm_excludes_zero else "no"
+        power = "—" if i.detectable is None else f"±{i.detectable:.4f}"
+        lines.append(f"| {c.label} | {m.method} | {i.n} ({seeds}) | {per_seed} | {i.mean:+.4f} | {ci} | "
+                     f"{i.holm_text() if i.low is not None else '—'} | {excludes} | {m.above} of {i.n} "
+                     f"({m.sign_p:.3g}) | {power} | {sign_along_training(c)} |")
     return "\n".join(lines) + "\n"
 
 
-def factorial_table(group: Group) -> str:
-    """The 2x2 of centring and bias, where the group has finished runs of all four: each cell's mean final
-    validation loss over its seeds, each factor's effect paired by seed within a level of the other, and their
-    interaction (the centring's effect with a bias minus without), over the seeds every cell has. A norm outside
-    the 2x2 (DyT) is in no cell."""
-    cells: dict[tuple[bool, bool], dict[tuple, Run]] = {
-        key: {run.pairing: run for run in group.compared(arm)} for key, arm in group.cells.items()}
-    if len(cells) < 4:
+def factorial_table(group: Group, members: list[Contrast]) -> str:
+    """The 2x2 of centring and bias, where the group's 2x2 is complete: each cell's mean final loss over the seeds
+    all four cells have, and the factorial's effects (contrasts.factorial) as members of the family."""
+    blocks = complete_blocks(group)
+    effects = [m for m in members if m.group is group and m.effect]
+    if not blocks or not effects:
         return ""
-    names = {key: group.label(arm) for key, arm in group.cells.items()}
+    names = {cell: group.label(arm) for cell, arm in group.cells.items()}
 
-    def mean(key) -> str:
-        losses = [r.final_val_loss for r in cells[key].values()]
-        return f"{names[key]}: {statistics.fmean(losses):.4f} ({seeds_text(len(losses))})"
+    def mean(cell) -> str:
+        return f"{names[cell]}: {statistics.fmean(b[cell] for b in blocks.values()):.4f}"
 
-    def effect(high: tuple, low: tuple) -> str:
-        common = sorted(cells[high].keys() & cells[low].keys())
-        if not common:
-            return "no common seed"
-        interval = Interval.of([cells[high][p].final_val_loss - cells[low][p].final_val_loss for p in common])
-        return interval.text(f"{interval.n} seeds")
+    lines = ["| bias | centred | uncentred |", "|---|---|---|",
+             f"| with | {mean((True, True))} | {mean((False, True))} |",
+             f"| without | {mean((True, False))} | {mean((False, False))} |", "",
+             "| effect | estimate [95% CI] | Holm-adjusted | above 0 (sign test p) | 80% power at |",
+             "|---|---|---|---|---:|"]
+    for m in effects:
+        i, role = m.interval, "**primary**: " if m.primary else ""
+        lines.append(f"| {role}{m.label} | {i.text(f'{i.n} seeds, {i.df} df')} | {i.holm_text()} | "
+                     f"{m.above} of {i.n} ({m.sign_p:.3g}) | ±{i.detectable:.4f} |")
+    return ("\n".join(lines) + f"\n\nThe cells: mean final loss over the {seeds_text(len(blocks))} every cell has "
+            "(each seed a block: same initial weights, same batches). The effects: contrasts of the cell means with "
+            "the pooled residual of seed + cell (3(n − 1) df); > 0: the centring, or the bias, lowers the loss.\n")
 
-    common = sorted(set.intersection(*(set(c) for c in cells.values())))
-    interaction = Interval.of([(cells[(False, True)][p].final_val_loss - cells[(True, True)][p].final_val_loss)
-                               - (cells[(False, False)][p].final_val_loss - cells[(True, False)][p].final_val_loss)
-                               for p in common]) if common else None
-    lines = ["| bias | centred | uncentred | uncentred − centred, paired by seed |", "|---|---|---|---|",
-             f"| with | {mean((True, True))} | {mean((False, True))} | {effect((False, True), (True, True))} |",
-             f"| without | {mean((True, False))} | {mean((False, False))} | {effect((False, False), (True, False))} |",
-             f"| with − without, paired by seed | {effect((True, True), (True, False))} | "
-             f"{effect((False, True), (False, False))} | interaction (the centring's effect with a bias − without): "
-             f"{interaction.text(f'{interaction.n} seeds') if interaction else 'no seed in all four cells'} |"]
-    return ("\n".join(lines) + "\n\nEach cell: the mean final validation loss of its runs; the differences are "
-            "paired by seed (same initial weights, same batches) with a t interval over the seeds.\n")
+
+def final_loss_note(group: Group) -> str:
+    """What the group's final losses are, where its learning rate then was, and the learning check's yardstick."""
+    runs = [r for r in group.runs if r.final_validations]
+    if not runs:
+        return ""
+    steps = sorted({s for r in runs for s, _ in r.final_validations})
+    fractions = [f for r in runs if (f := final_lr_fraction(r)) is not None]
+    lr = (f", where the learning rate was {min(fractions):.2f}-{max(fractions):.2f}x its peak" if fractions else "")
+    text = (f"Final val loss: the mean of a run's last {len(runs[0].final_validations)} validation"
+            f"{'s' * (len(runs[0].final_validations) > 1)} (steps {step_ranges(steps)}){lr}.")
+    if group.unigram_loss is not None:
+        text += (f" Learning check: the held-out split's cross-entropy under the training split's token frequencies "
+                 f"is {group.unigram_loss:.4f} nats/token; a run whose final loss is not {LEARNED_MARGIN} below it "
+                 "learned token frequencies and nothing else, and is compared with nothing.")
+    else:
+        text += " Learning check: not made (the runs' prepared data, data.dir, is not there)."
+    return text + "\n"
+
+
+def final_lr_fraction(run: Run) -> float | None:
+    """The learning rate at the run's last logged step as a fraction of its peak (metrics.csv's lr-* column)."""
+    column = next((k for k in sorted(run.metrics) if k.startswith("lr-")), None)
+    values = [v for _, v in run.metrics.get(column, [])]
+    return values[-1] / max(values) if values and max(values) > 0 else None
 
 
 def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
@@ -156,13 +179,13 @@ def layer_table(series: list[Series]) -> str:
     null = f" (null for a random direction: 1/d = {1 / d:.4f})" if d else ""
     return "\n".join(lines) + f"\n\nShare along 1: the mean cos² of the angle{null}.\n"
 
-def group_section(group: Group, parameters: dict) -> str:
+def group_section(group: Group, parameters: dict, members: list[Contrast]) -> str:
     text = [f"## {group.title}\n"]
     if group.model in DEMO_MODELS:
         text.append(f"*{DEMO_NOTE}.*\n")
-    text += ["### Runs\n", runs_table(group, parameters), "### Final validation loss, paired by seed\n",
-             comparison_table(group)]
-    if table := factorial_table(group):
+    text += ["### Runs\n", runs_table(group, parameters), final_loss_note(group),
+             "### Final validation loss, paired by seed\n", comparison_table(group, members)]
+    if table := factorial_table(group, members):
         text += ["### Centring × bias, paired by seed\n", table]
     if table := evaluation_table(group):
         text += [f"### Evaluation (normlab-eval), uncentred − centred{replacements(group.comparisons)}, paired by "

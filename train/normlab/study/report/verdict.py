@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from normlab.probe.extremes import Unavailable, extremes
 from normlab.probe.profiles import Point, last_step, profile, runs_text, site_tick
 from normlab.probe.shares import ShareExtremes, share_extremes
+from normlab.study.report.contrasts import Contrast, primary_of
 from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
+from normlab.study.report.runs import LEARNED_MARGIN
 
 DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
@@ -163,28 +165,68 @@ def verdict_header(replaced: str, pointwise: list[str]) -> str:
             "seeds, bootstrap for one run] |\n|---|---|---:|---:|---|---|---|---|")
 
 
-def loss_cell(comparison: Comparison) -> str:
-    """The paired comparison: its label (which says when the bias differs too), the mean over seeds with its t
-    interval, whether that excludes 0, and in how many seeds the difference is above 0."""
-    interval = comparison.interval
+ROUNDING_NOTE = ("one seed: its difference includes the rounding noise of this CPU's kernels, amplified over "
+                 "training (make demo's moves by 0.011 between two CPUs), which only seeds average out")
+
+
+def loss_cell(member: Contrast) -> str:
+    """One comparison of the family: its label (which says when the bias differs too), the mean over seeds with its
+    t interval and Holm-adjusted twin (bold "excludes 0" only when the adjusted one does), the exact sign test of its
+    seeds and the smallest difference its seeds could detect."""
+    interval = member.interval
     if interval.low is None:
-        return f"{comparison.label}: {interval.text()}"
-    verdict = "**excludes 0**" if interval.excludes_zero else "includes 0"
-    above = sum(d > 0 for d in comparison.differences)
-    return (f"{comparison.label}: {interval.text(seeds_text(interval.n))}, {verdict}; above 0 in {above} of "
-            f"{interval.n} seeds")
+        return f"{member.label}: {interval.text()}; {ROUNDING_NOTE}"
+    verdict = "**excludes 0 after Holm**" if interval.holm_excludes_zero else (
+        "excludes 0 alone, not after Holm" if interval.excludes_zero else "includes 0")
+    return (f"{member.label}: {interval.text(f'{seeds_text(interval.n)}, {interval.df} df')}, "
+            f"{interval.holm_text()}: {verdict}; {member.sign_text()}; 80% power at ±{interval.detectable:.4f}")
 
 
-def verdict_rows(group: Group, cells: list[AngleCells]) -> list[str]:
+def primary_text(members: list[Contrast]) -> str:
+    """The primary contrast of each group (analysis.primary, declared with the runs), or why it has none."""
+    lines = []
+    for group in {id(m.group): m.group for m in members}.values():
+        primary = next((m for m in members if m.group is group and m.primary), None)
+        name = primary_of(group)
+        if primary is not None:
+            lines.append(f"Primary contrast of {group.title} (analysis.primary={name}, declared with the runs before "
+                         f"they trained; every other comparison is secondary): {loss_cell(primary)} "
+                         f"({primary.method}).")
+        elif name:
+            lines.append(f"Primary contrast of {group.title} (analysis.primary={name}): not estimable here, as it "
+                         "needs all four norms of the centring × bias 2x2 with 2 or more seeds in each.")
+    family_size = sum(m.interval.p is not None for m in members)
+    lines.append(f"The family: {family_size} comparisons with an interval, Holm-adjusted together (the verdict's loss "
+                 "cells, the factorial's effects, the comparison tables).")
+    return "".join(f"{line}\n\n" for line in lines)
+
+
+def did_not_learn_row(model: str, group: Group, arm) -> str | None:
+    """The row of a norm none of whose runs learned more than token frequencies (Run.learned), else None."""
+    runs = [r for r in group.runs if r.norm == arm]
+    if not runs or any(r.learned is not False for r in runs):
+        return None
+    losses = sorted(r.final_val_loss for r in runs)
+    return (f"| {model} | {group.label(arm)} | 0 of {len(runs)} | — | did not learn: final val loss "
+            f"{losses[0]:.4f}-{losses[-1]:.4f}, not {LEARNED_MARGIN} below {group.unigram_loss:.4f} (the held-out "
+            "cross-entropy of token frequencies alone): left out of every comparison | — | — | not read: the "
+            "output of a model that ignores its input ignores that input's mean too, so a Δ of 0 says nothing "
+            "of centring |")
+
+
+def verdict_rows(group: Group, cells: list[AngleCells], members: list[Contrast]) -> list[str]:
     """The group's rows of the verdict table; the angle cells of each go to `cells` too (for the footnotes)."""
     rows = []
     model = f"{group.title}†" if group.model in DEMO_MODELS else group.title
     for arm in group.arms():
         runs, s = group.compared(arm), group.series_of(arm)
         if not runs:
+            if row := did_not_learn_row(model, group, arm):
+                rows.append(row)
             continue
         steps = sorted({r.val_step for r in runs})
-        if found := [c for c in group.comparisons if c.other == s.norm]:
+        if found := [m for m in members if m.comparison is not None and m.comparison in group.comparisons
+                     and m.comparison.other == s.norm]:
             loss = "; ".join(map(loss_cell, found))
         else:
             loss = "reference" if any(c.base == s.norm for c in group.comparisons) else "no pair"
@@ -215,10 +257,16 @@ HOW_TO_READ = """\
 How to read it. Each row is one model size and norm, at the step in its step column (a cell measured at another step
 names it); the runs of a size differ only in the norm and the seed, and the runs of one seed start from the same
 weights and see the same batches.
-- Loss: the final validation loss of the uncentred run minus the centred one, one pair per seed, with a t interval
-  over the seeds (it assumes their differences are normal; with 2 seeds t = 12.7, so the interval is wide). An
-  interval that excludes 0 says the mean difference over seeds is unlikely to be 0, not that every seed agrees (the
-  count of seeds above 0 says that); one that includes 0 says these seeds cannot tell, not that the norms are equal.
+- Loss: a run's final loss is the mean of its last validations (analysis.final_validations). The loss cell is the
+  uncentred run's minus the centred one's, one pair per seed, with a 95% t interval over the seeds (it assumes their
+  differences are normal; with 2 seeds t = 12.7, so the interval is wide); the four norms of a complete centring ×
+  bias 2x2 are one factorial blocked by seed, whose pooled residual gives every contrast of it 3(n − 1) degrees of
+  freedom. All comparisons are one family: beside each interval is its Holm-adjusted twin, and only one that
+  excludes 0 after Holm is bold. An interval that excludes 0 says the mean difference over seeds is unlikely to be
+  0, not that every seed agrees (the count above 0, with its exact sign test, says that); one that includes 0 says
+  these seeds cannot tell, not that the norms are equal: "80% power at ±x" is the smallest true difference that so
+  many seeds, at the spread seen, would detect 4 times in 5. A run that did not learn more than token frequencies is
+  compared with nothing.
 - Angle, signed: at each norm input, the mean angle to 1 (over the probe's tokens, averaged over the seeds) against
   the same mean taken for random directions, on the scale of what is compared (a seed average against seed averages).
   The column names the most extreme of all sites; p is the share of random directions whose own most extreme site is
@@ -244,12 +292,14 @@ weights and see the same batches.
 """
 
 
-def verdict(groups: list[Group], pretrained: list[Pretrained]) -> tuple[str, str]:
-    """The verdict table (its header, a row per group and norm, one per pretrained model) and its footnotes."""
+def verdict(groups: list[Group], pretrained: list[Pretrained], members: list[Contrast]) -> tuple[str, str]:
+    """The primary contrasts, the verdict table (its header, a row per group and norm, one per pretrained model) and
+    its footnotes; `members`: the family of comparisons (contrasts.family)."""
     cells: list[AngleCells] = []
-    rows = [r for g in groups for r in verdict_rows(g, cells)] + [pretrained_row(m, cells) for m in pretrained]
+    rows = [r for g in groups for r in verdict_rows(g, cells, members)] + [pretrained_row(m, cells) for m in pretrained]
     header = verdict_header(replacements([c for g in groups for c in g.comparisons]), pointwise_layers(groups))
-    return "\n".join([header, *rows]) + "\n", footnotes(groups, cells)
+    primary = primary_text(members) if members else ""
+    return primary + "\n".join([header, *rows]) + "\n", footnotes(groups, cells)
 
 
 def pointwise_layers(groups: list[Group]) -> list[str]:

@@ -1,0 +1,77 @@
+"""The report's numbers as CSV beside summary.md, so that anyone can audit it without rerunning: every run (runs.csv),
+every comparison of the family (comparisons.csv), the angle to 1 and its null at every norm site of every compared
+run and pretrained model at its last measured step (angles_by_site.csv: the uniform reference, all positions), and
+every ablation row (ablations.csv)."""
+
+import csv
+from pathlib import Path
+
+from normlab.study.report.contrasts import Contrast, sign_along_training
+from normlab.study.report.groups import Group, last_rows
+from normlab.study.report.pretrained import Pretrained
+
+ANGLE_COLUMNS = ("step", "layer", "site", "count", "mean_deg", "std_deg", "mean_cos2", "null_random_mean_deg",
+                 "null_random_std_deg", "null_directions", "d")  # the per-direction lists stay in the runs' angles.csv
+ABLATION_COLUMNS = ("step", "ablation", "site", "layer", "role", "windows", "tokens", "loss", "ablated_loss", "delta",
+                    "ci_low", "ci_high", "resampling_unit", "share_along_1")
+
+
+def write(path: Path, columns: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+
+
+def run_rows(groups: list[Group]) -> list[dict]:
+    return [{"group": g.title, "run": r.name, "norm": g.label(r.norm), "seed": r.seed, "step": r.val_step,
+             "max_steps": r.max_steps, "final_val_loss": r.final_val_loss,
+             "final_validation_steps": " ".join(str(s) for s, _ in r.final_validations),
+             "unigram_loss": r.unigram_loss, "learned": r.learned, "status": r.left_out or "compared", "note": r.note}
+            for g in groups for r in sorted(g.runs, key=lambda r: (r.norm.order, r.seed, r.name))]
+
+
+def comparison_rows(members: list[Contrast]) -> list[dict]:
+    rows = []
+    for m in members:
+        i = m.interval
+        rows.append({"group": m.group.title, "comparison": m.label, "method": m.method, "effect": m.effect,
+                     "primary": m.primary, "seeds": i.n, "per_seed": " ".join(f"{d:.6f}" for d in m.per_seed),
+                     "mean": i.mean, "sd": i.sd, "se": i.se, "df": i.df, "ci_low": i.low, "ci_high": i.high, "p": i.p,
+                     "holm_low": i.holm_low, "holm_high": i.holm_high, "holm_p": i.holm_p, "above_0": m.above,
+                     "sign_test_p": m.sign_p, "detectable_80": i.detectable,
+                     "second_half": sign_along_training(m.comparison) if m.comparison else ""})
+    return rows
+
+
+def angle_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dict]:
+    measured = [(g.title, g.label(r.norm), r.name, r.seed, r.angles) for g in groups for r in g.runs if not r.left_out]
+    measured += [(m.name, m.norm, m.name, "", m.angles) for m in pretrained]
+    return [{"group": group, "norm": norm, "run": run, "seed": seed, **row}
+            for group, norm, run, seed, angles in measured for row in last_rows(angles)
+            if row.get("reference") == "uniform" and row.get("position") in ("all", None)]
+
+
+def ablation_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dict]:
+    measured = [(g.title, g.label(r.norm), r.name, r.seed, r.ablation) for g in groups for r in g.runs]
+    measured += [(m.name, m.norm, m.name, "", m.ablation) for m in pretrained]
+    return [{"group": group, "norm": norm, "run": run, "seed": seed, **row}
+            for group, norm, run, seed, rows in measured for row in rows]
+
+
+def write_numbers(folder: Path, groups: list[Group], pretrained: list[Pretrained],
+                  members: list[Contrast]) -> list[str]:
+    """The four CSVs into `folder`; their names."""
+    identity = ["group", "norm", "run", "seed"]
+    tables = {
+        "runs.csv": (["group", "run", "norm", "seed", "step", "max_steps", "final_val_loss", "final_validation_steps",
+                      "unigram_loss", "learned", "status", "note"], run_rows(groups)),
+        "comparisons.csv": (["group", "comparison", "method", "effect", "primary", "seeds", "per_seed", "mean", "sd",
+                             "se", "df", "ci_low", "ci_high", "p", "holm_low", "holm_high", "holm_p", "above_0",
+                             "sign_test_p", "detectable_80", "second_half"], comparison_rows(members)),
+        "angles_by_site.csv": (identity + list(ANGLE_COLUMNS), angle_rows(groups, pretrained)),
+        "ablations.csv": (identity + list(ABLATION_COLUMNS), ablation_rows(groups, pretrained)),
+    }
+    for name, (columns, rows) in tables.items():
+        write(folder / name, columns, rows)
+    return list(tables)
