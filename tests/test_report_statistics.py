@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from normlab.data.unigram import SMOOTHING, cross_entropy, held_out_loss
+from normlab.probe.table import AnalysisError
 from normlab.study.report.contrasts import factorial, family, sign_along_training
-from normlab.study.report.groups import group_runs
+from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.intervals import POWER, Interval, holm, sign_test_p, t_cdf, t_quantile, two_sided_p
 from normlab.study.report.runs import find_runs
 from test_report import make_run, report, write_csv
@@ -173,3 +174,24 @@ def test_prepare_keeps_the_learning_check_and_the_report_leaves_out_what_did_not
     assert summary.count("**did not learn: its final val loss") == 2
     assert "| dyt | 0 of 2 | — | did not learn" in summary and "dyt − layernorm" not in summary
     assert "a Δ of 0 says nothing of centring" in summary
+
+
+def test_norms_at_their_own_tuned_learning_rates_are_compared_only_when_declared(tmp_path):
+    """DyT tuned to lr 1e-3 beside LayerNorm at 3e-3: without tuned= they are two groups (no comparison, the lr sets
+    them apart); with tuned=[optimizer.lr] one, and the label says each is at its own; a norm with runs at two
+    settings of a tuned key is refused in one line."""
+    sweep = tmp_path / "exp"
+    for seed in range(2):
+        make_run(sweep, f"tiny-layernorm-seed{seed}", "layernorm", seed, 3.0 + seed / 10)
+        make_run(sweep, f"tiny-dyt-seed{seed}", "dyt", seed, 3.2 + seed / 20, settings={"optimizer.lr": 1e-3})
+    runs = find_runs([sweep])[0]
+    assert [g.comparisons for g in group_runs(runs)] == [[], []]
+    (group,) = group_runs(runs, Declared(tuned=("optimizer.lr",)))
+    (comparison,) = group.comparisons
+    assert comparison.label == ("dyt − layernorm (a point-wise layer in place of layernorm; each at its tuned "
+                                "optimizer.lr: 0.003 and 0.001)")
+    assert comparison.differences == pytest.approx([0.2, 0.15])
+    make_run(sweep, "tiny-dyt-seed2", "dyt", 2, 3.2, settings={"optimizer.lr": 3e-3})
+    with pytest.raises(AnalysisError, match=r"^norm dyt has runs at optimizer.lr = 0.001 and 0.003 in one group: "
+                                            r"tuned=\['optimizer.lr'\] compares each norm at one setting"):
+        group_runs(find_runs([sweep])[0], Declared(tuned=("optimizer.lr",)))

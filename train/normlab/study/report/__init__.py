@@ -119,4 +119,8 @@ def declared(cfg: DictConfig) -> Declared:
             isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p) and p[0] != p[1]
             for p in pairs):
         raise AnalysisError(f"pairs={pairs}: give [[a,b],...], each two norms' names, compared as b − a")
-    return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs))
+    tuned = OmegaConf.to_container(cfg.tuned) if OmegaConf.is_list(cfg.get("tuned")) else cfg.get("tuned") or []
+    if not isinstance(tuned, list) or not all(isinstance(k, str) and k for k in tuned):
+        raise AnalysisError(f"tuned={tuned}: give [key,...], the dotted config keys tuned per norm, e.g. "
+                            "[optimizer.lr]")
+    return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs), tuple(tuned))

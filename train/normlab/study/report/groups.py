@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from normlab.common.run_identity import identifies_the_run
 from normlab.probe.figure import AngleSeries
 from normlab.probe.profiles import last_step
+from normlab.probe.table import AnalysisError
 from normlab.study.report.intervals import Interval
 from normlab.study.report.runs import LEARNED_MARGIN, Arm, Run
 from normlab.training.run_config import flat
@@ -29,9 +30,14 @@ PAIRING_KEYS = ("seed", "data.seed")
 @dataclass(frozen=True)
 class Declared:
     """The comparisons a report is told to make (conf/report.yaml): each pair (a, b) of `pairs` as b − a; without
-    pairs, the centring x bias 2x2 and every other norm against `reference` (a norm's name)."""
+    pairs, the centring x bias 2x2 and every other norm against `reference` (a norm's name); `tuned`: settings each
+    norm was tuned in (optimizer.lr), in which the runs of one group may differ by norm."""
     reference: str = "layernorm"
     pairs: tuple[tuple[str, str], ...] = ()
+    tuned: tuple[str, ...] = ()
+
+    def is_tuned(self, key: str) -> bool:
+        return any(key == k or key.startswith(f"{k}.") for k in self.tuned)
 
 
 def comparison_settings(config: dict) -> dict:
@@ -65,6 +71,7 @@ class Comparison:
     base_traits: "Traits"
     other_traits: "Traits"
     pairs: list[tuple[Run, Run]]  # (base, other)
+    tuned: dict[str, tuple] = field(default_factory=dict)  # a tuned setting the norms differ in: (base's, other's)
 
     @property
     def centring(self) -> bool:
@@ -84,11 +91,12 @@ class Comparison:
 
     @property
     def label(self) -> str:
+        tuned = "".join(f"; each at its tuned {k}: {base} and {other}" for k, (base, other) in self.tuned.items())
         if self.centring:
             bias = "the bias differs too" if self.bias is None else "with bias" if self.bias else "without bias"
-            return f"{self.other} − {self.base} ({bias})"
+            return f"{self.other} − {self.base} ({bias}{tuned})"
         bias = "; the bias differs too" if self.bias is None else "" if self.bias else ", both without bias"
-        return f"{self.other} − {self.base} ({self.replacement} in place of {self.base}{bias})"
+        return f"{self.other} − {self.base} ({self.replacement} in place of {self.base}{bias}{tuned})"
 
     interval: Interval | None = None  # paired t over the seeds; the family's (contrasts.py) once it is analysed
 
@@ -131,6 +139,23 @@ class Group:
     distinct: str = ""  # the settings that set it apart from the report's other groups
     comparisons: list[Comparison] = field(default_factory=list)
     cells: dict[tuple[bool, bool], Arm] = field(default_factory=dict)  # the 2x2's norms by (centres, bias)
+    tuned: list[str] = field(default_factory=list)  # the declared tuned settings its norms differ in
+
+    def check_tuned(self, declared: Declared) -> None:
+        """Each norm of the group at one value of each tuned setting (its tuned one); which of them differ."""
+        values: dict[str, dict[Arm, set]] = defaultdict(lambda: defaultdict(set))
+        for run in self.runs:
+            for key, value in flat(run.config).items():
+                if declared.is_tuned(key):
+                    values[key][run.norm].add(json.dumps(value, default=str))
+        for key, by_norm in values.items():
+            for arm, found in by_norm.items():
+                if len(found) > 1:
+                    raise AnalysisError(f"norm {arm.name} has runs at {key} = {' and '.join(sorted(found))} in one "
+                                        f"group: tuned={list(declared.tuned)} compares each norm at one setting; give "
+                                        "the runs of its chosen setting alone")
+            if len({v for found in by_norm.values() for v in found}) > 1:
+                self.tuned.append(key)
 
     @property
     def model(self) -> str:
@@ -219,8 +244,12 @@ class Group:
     def compare(self, base: Arm, other: Arm, arms: dict[Arm, dict[tuple, Run]]) -> None:
         common = sorted(arms[base].keys() & arms[other].keys())
         if common:
-            self.comparisons.append(Comparison(self.label(base), self.label(other), base.traits, other.traits,
-                                               [(arms[base][p], arms[other][p]) for p in common]))
+            pairs = [(arms[base][p], arms[other][p]) for p in common]
+            settings = [flat(run.config) for run in pairs[0]]
+            tuned = {k: (settings[0].get(k), settings[1].get(k)) for k in self.tuned
+                     if settings[0].get(k) != settings[1].get(k)}
+            self.comparisons.append(Comparison(self.label(base), self.label(other), base.traits, other.traits, pairs,
+                                               tuned))
 
 
 def join_layers(groups: list[Group]) -> list[Group]:
@@ -248,7 +277,7 @@ def join_layers(groups: list[Group]) -> list[Group]:
 def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
     by_settings: dict[str, Group] = {}
     for run in runs:
-        settings = comparison_settings(run.config)
+        settings = {k: v for k, v in comparison_settings(run.config).items() if not declared.is_tuned(k)}
         key = json.dumps(settings, sort_keys=True, default=str)
         by_settings.setdefault(key, Group(settings, [])).runs.append(run)
     groups = sorted(join_layers(list(by_settings.values())), key=lambda g: (g.model, g.runs[0].name))
@@ -260,6 +289,7 @@ def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
         )
         shown = [f"{k}={group.settings.get(k, 'absent')}" for k in differing[:4]]
         group.distinct = ", ".join(shown) + (f" and {len(differing) - 4} more" if len(differing) > 4 else "")
+        group.check_tuned(declared)
         group.check_and_pair(declared)
     for model in {g.model for g in groups}:
         same_model = [g for g in groups if g.model == model]
