@@ -171,7 +171,7 @@ def test_the_conversion_is_exact_at_inference_only():
 
 @pytest.mark.parametrize("norm, message", [
     (RMSNorm, "run7 is already an RMSNorm model: nothing to convert"),
-    (DyT, "run7 has DyT norms: normlab-convert converts LayerNorm models only"),
+    (DyT, "run7 has DyT norms: only a LayerNorm model converts exactly into an RMSNorm one"),
 ])
 def test_a_model_without_layernorms_is_refused(norm, message):
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=4, vocab_size=11), norm)
@@ -319,8 +319,7 @@ def test_what_cannot_be_converted_is_one_line_and_writes_nothing(sweep, tmp_path
     (tmp_path / "existing" / "notes.txt").write_text("mine\n")
     model_path, out, message = {
         "rmsnorm run": (rmsnorm, tmp_path / "new", f"{(rmsnorm / CHECKPOINT).resolve()} (norm=rmsnorm) is already an "
-                        "RMSNorm model: nothing to convert (normlab-convert turns a LayerNorm model into an RMSNorm "
-                        "one)"),
+                        "RMSNorm model: nothing to convert (a LayerNorm model converts into an RMSNorm one)"),
         "missing path": (tmp_path / "nothing", tmp_path / "new", f"{tmp_path / 'nothing'} does not exist: give a "
                          "LayerNorm .ckpt, a run directory or a Hugging Face GPT-2 model directory"),
         "existing out": (layernorm, tmp_path / "existing", f"out={tmp_path / 'existing'} exists: normlab-convert "

@@ -27,11 +27,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common import outputs
-from normlab.common.errors import NormlabError
 from normlab.common.paths import CONF_DIR
 from normlab.model import norms
-from normlab.model.gpt import GPT, GPTConfig, NormFactory
-from normlab.probe.sites import norm_sites
+from normlab.model.conversion import ConvertError, built, centred_weights, converted
+from normlab.model.gpt import GPT, GPTConfig
 from normlab.training import loader
 from normlab.training.checkpoint_files import write_checkpoint
 from normlab.training.run_config import CONFIG_FILE
@@ -39,71 +38,7 @@ from normlab.training.run_files import RunDirError
 
 COMMAND = "normlab-convert"
 ACCEPTS = "a LayerNorm .ckpt, a run directory or a Hugging Face GPT-2 model directory"
-EMBEDDINGS = ("wte.weight", "wpe.weight")  # [rows, d]: each row is written into the residual stream
-OUTPUT_PROJECTIONS = ("attn.c_proj", "mlp.c_proj")  # Linear [d, d_in]: each column and the bias are written into it
-
-
-class ConvertError(NormlabError):
-    """A model that normlab-convert cannot convert, or an out= that it must not write."""
-
-
-# -- the conversion, in memory
-
-
-def centred(tensor: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """`tensor` minus its mean along `dim` (None: over all of it), in float64, cast back to its dtype."""
-    x = tensor.double()
-    mean = x.mean() if dim is None else x.mean(dim=dim, keepdim=True)
-    return (x - mean).to(tensor.dtype)
-
-
-def centred_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The state dict of a normlab GPT with every vector it writes into the residual stream centred. lm_head.weight
-    keeps its values, also when tied (a tied model's state dict names the shared matrix twice)."""
-    projection_weights = tuple(f"{p}.weight" for p in OUTPUT_PROJECTIONS)
-    projection_biases = tuple(f"{p}.bias" for p in OUTPUT_PROJECTIONS)
-    result = dict(weights)
-    for name, tensor in weights.items():
-        if name in EMBEDDINGS:
-            result[name] = centred(tensor, dim=1)
-        elif name.endswith(projection_weights):
-            result[name] = centred(tensor, dim=0)  # the mean over the d output rows of each column
-        elif name.endswith(projection_biases):
-            result[name] = centred(tensor, dim=None)
-    return result
-
-
-def built(config: GPTConfig, norm: NormFactory, weights: dict[str, torch.Tensor]) -> GPT:
-    """A normlab GPT holding `weights` (copied, in their dtype), in eval mode; built on the meta device, so that no
-    random initialisation is paid for."""
-    with torch.device("meta"):
-        model = GPT(config, norm)
-    model = model.to(weights["wte.weight"].dtype).to_empty(device=weights["wte.weight"].device)
-    model.load_state_dict(weights)
-    return model.eval()
-
-
-def layernorm_of(model: GPT, what: str = "the model") -> norms.LayerNorm:
-    """The final LayerNorm of `model`, once every norm of it is checked to be one; `what` names the model in the
-    error."""
-    for site in norm_sites(model, "normlab"):
-        traits = norms.traits(site.module)
-        if traits.centring_pair and not traits.centres:
-            raise ConvertError(f"{what} is already an RMSNorm model: nothing to convert (normlab-convert turns a "
-                               "LayerNorm model into an RMSNorm one)")
-        if not norms.is_layernorm(site.module):
-            raise ConvertError(f"{what} has {type(site.module).__name__} norms: normlab-convert converts LayerNorm "
-                               "models only")
-    return model.ln_f
-
-
-def converted(model: GPT, what: str = "the model") -> GPT:
-    """The RMSNorm GPT that computes what the pre-LN GPT `model` computes: the same weights, those that write into
-    the residual stream centred, the LM head untied, each LayerNorm an RMSNorm of the same gain, bias and eps."""
-    layernorm = layernorm_of(model, what)
-    config = dataclasses.replace(model.config, tie_embeddings=False)
-    rms_norm = partial(norms.RMSNorm, eps=layernorm.eps, bias=layernorm.bias is not None)
-    return built(config, rms_norm, centred_weights(model.state_dict()))
+__all__ = ["ConvertError", "centred_weights", "converted", "main"]  # the conversion itself: model/conversion.py
 
 
 def rms_norm_config(layernorm: norms.LayerNorm) -> dict:

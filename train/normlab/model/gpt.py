@@ -124,6 +124,10 @@ class GPT(nn.Module):
                 h = block(h)
         return self.ln_f(h)
 
+    def norm_layers(self) -> list[nn.Module]:
+        """Every norm layer, in the order of the forward pass: each block's two, then the final one."""
+        return [*(norm for block in self.blocks for norm in (block.ln_1, block.ln_2)), self.ln_f]
+
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
         """GPT-2 initialisation in which every matrix draws from its own generator, seeded by
@@ -132,7 +136,7 @@ class GPT(nn.Module):
         own parameters, drawing nothing (gains 1, biases 0, DyT's alpha its initial value): by their
         reset_parameters(), else as their constructor left them (a user's plain module)."""
         proj_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        norms = [*(norm for block in self.blocks for norm in (block.ln_1, block.ln_2)), self.ln_f]
+        norms = self.norm_layers()
         for norm in norms:
             if hasattr(norm, "reset_parameters"):
                 norm.reset_parameters()
