@@ -229,8 +229,8 @@ USERS_NORM = ["norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.ep
     ([*USERS_NORM, "+norm.layer.centred=maybe"], "norm.layer.centred=maybe: give true or false"),
     (["trainer.precision=bf16"], "trainer.precision=bf16: give bf16-mixed (the same, written out)"),
     (["trainer.precision=32"], "trainer.precision=32: give 32-true (the same, written out)"),
-    (["trainer.precision=64-true"], "trainer.precision=64-true: give one of 32-true, bf16-mixed, 16-mixed (float32 "
-                                    "weights, with bf16 or fp16 autocast for the mixed ones)"),
+    (["trainer.precision=16-true"], "trainer.precision=16-true: give one of 32-true, bf16-mixed, 16-mixed, 64-true "
+                                    "(float32 weights, with bf16 or fp16 autocast for the mixed ones; float64)"),
     (["trainer.precision=16-mixed", "strategy=fsdp"], "trainer.precision=16-mixed with the sharded trainer.strategy "
      "normlab.training.strategies.BlockFSDP: the gradient scaler checks each shard's gradients alone; use bf16-mixed, "
      "or strategy=ddp"),

@@ -159,7 +159,7 @@ CASES = {
         ["optimizer.lr=-1"],
         None,
         {},
-        ["optimizer.lr=-1: give a positive learning rate"],
+        ["optimizer.lr=-1: give a learning rate >= 0"],
     ),
     "infinite learning rate": (["optimizer.lr=inf"], None, {}, ["optimizer.lr=inf: give a finite number"]),
     "infinite learning rate, its old key": (["model.lr=inf"], None, {}, ["optimizer.lr=inf: give a finite number"]),

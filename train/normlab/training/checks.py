@@ -160,8 +160,8 @@ def check_analysis(analysis) -> None:
 
 def check_optimizer(optimizer: DictConfig) -> None:
     lr = optimizer.get("lr")
-    if not is_number(lr) or not lr > 0:
-        raise ConfigError(f"optimizer.lr={lr}: give a positive learning rate")
+    if not is_number(lr) or not lr >= 0:  # 0: the weights stay put (a check of a branch's start)
+        raise ConfigError(f"optimizer.lr={lr}: give a learning rate >= 0")
     values = check_arguments("optimizer", optimizer)
     for key, (in_range, what) in OPTIMIZER_RANGES.items():
         value = values.get(key)
@@ -173,7 +173,8 @@ def check_optimizer(optimizer: DictConfig) -> None:
         raise ConfigError(f"optimizer.betas={shown(betas)}: give two numbers from 0 to below 1, e.g. [0.9, 0.95]")
 
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")  # normlab's weights and optimizer state stay float32
+# normlab's weights and optimizer state are float32, or float64 for checks of exactness (a branch's control arm)
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "64-true")
 SHORT_PRECISIONS = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}  # Lightning's short names
 
 
@@ -183,7 +184,7 @@ def check_precision(trainer: DictConfig) -> None:
         full = SHORT_PRECISIONS.get(str(precision))
         raise ConfigError(f"trainer.precision={shown(precision)}: give " + (
             f"{full} (the same, written out)" if full else f"one of {', '.join(PRECISIONS)} (float32 weights, "
-                                                           "with bf16 or fp16 autocast for the mixed ones)"))
+                                                           "with bf16 or fp16 autocast for the mixed ones; float64)"))
     algorithm = trainer.get("gradient_clip_algorithm")
     if algorithm not in (None, "norm", "value"):
         raise ConfigError(f"trainer.gradient_clip_algorithm={algorithm}: give norm, value or null (norm)")

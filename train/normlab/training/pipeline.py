@@ -35,7 +35,8 @@ def build_model(cfg: DictConfig):
 
     layer = instantiate(cfg.norm.layer)
     sites = {kind: partial(layer, **settings) for kind, settings in norm_sites(cfg.norm).items()}
-    model = GPT(GPTConfig(**model_settings(cfg.model)), norm=layer, sites=sites)
+    zero_mean_writers = bool((cfg.get("branch") or {}).get("zero_mean_writers"))  # a branch's control arm
+    model = GPT(GPTConfig(**model_settings(cfg.model), zero_mean_writers=zero_mean_writers), norm=layer, sites=sites)
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
     return model
 
@@ -81,7 +82,9 @@ def build_run_directory(cfg: DictConfig):
     """The run directory of `cfg.run_dir`, with the checkpoint schedule of `cfg.checkpoints` (run_dir.RunDirectory)."""
     from normlab.training.run_dir import RunDirectory
 
-    return RunDirectory(cfg.run_dir, cfg.trainer.max_steps, cfg.trainer.val_check_interval, **cfg.checkpoints)
+    first_step = (cfg.get("branch") or {}).get("step") or 0  # a branch's (training/branch.py)
+    return RunDirectory(cfg.run_dir, cfg.trainer.max_steps, cfg.trainer.val_check_interval, first_step,
+                        **cfg.checkpoints)
 
 
 def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int, run=None):
@@ -141,6 +144,7 @@ def train(cfg: DictConfig, extra_callbacks=()):
         from normlab.training.console import quiet_libraries
 
         quiet_libraries()
+        from normlab.training.branch import check_branch, start_checkpoint
         from normlab.training.revalidate import revalidate
 
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
@@ -152,13 +156,14 @@ def train(cfg: DictConfig, extra_callbacks=()):
         devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
         datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
         run = build_run_directory(cfg)
+        start = partial(start_checkpoint, cfg, module) if check_branch(cfg) else None
         callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values()]  # loads and checks the angle probe set
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
         raise
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    with run.opened(cfg, overrides):
+    with run.opened(cfg, overrides, start):
         if run.resume_step >= cfg.trainer.max_steps:
             with attention:
                 revalidate(cfg, run, module, datamodule)

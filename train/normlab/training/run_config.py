@@ -25,6 +25,16 @@ def flat(config, prefix: str = "") -> dict:
     return items
 
 
+OFF = (None, False)  # a key added to normlab since a run was written, at one of these, is what that run had
+
+
+def effective(settings: dict) -> dict:
+    """Flat settings less a norm's site settings that equal its layer's (norm.sites.mlp.alpha_init = norm.layer's):
+    a run written before norm.sites existed had them so."""
+    return {k: v for k, v in settings.items()
+            if not (k.startswith("norm.sites.") and settings.get(f"norm.layer.{k.rsplit('.', 1)[1]}") == v)}
+
+
 def check_saved_config(run: Path, cfg: DictConfig) -> None:
     """Refuse the run directory `run`, which holds checkpoints, when its config.yaml is missing, damaged, or another
     config than `cfg` (what only names, places, logs or speeds up a run may differ: run_identity.NOT_IDENTITY)."""
@@ -50,10 +60,11 @@ def check_saved_config(run: Path, cfg: DictConfig) -> None:
         config["sequences per optimizer step"] = config.get("global_batch_size") or per_step
     # a run directory that was moved keeps its identity: paths inside it follow it
     old = {k: v.replace(old.get("run_dir", "\0"), new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
+    old, new = effective(old), effective(new)
     changed = [
         k
         for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))
-        if identifies_the_run(k) and old.get(k) != new.get(k)
+        if identifies_the_run(k) and old.get(k) != new.get(k) and not (k not in old and new.get(k) in OFF)
     ]  # callbacks last: mostly copies
     if changed:
         shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (

@@ -22,6 +22,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import lightning as L
 import numpy as np
@@ -114,9 +115,10 @@ def restore_rng_states(trainer: L.Trainer, states: list[dict]) -> None:
 class RunDirectory(Checkpoint):
     """The owner of a run directory (see the module's docstring). train() opens it before the Trainer exists and
     closes it at the end; the other callbacks find it with RunDirectory.of(trainer). `schedule`: the settings of
-    `checkpoints` in the config (CheckpointSchedule's every, dense_until, sparse_every, scheduled, extra_steps)."""
+    `checkpoints` in the config (CheckpointSchedule's every, dense_until, sparse_every, scheduled, extra_steps);
+    `first_step`: the step the run starts at (a branch's branch.step, else 0)."""
 
-    def __init__(self, path: str, max_steps: int, val_check_interval: int, **schedule):
+    def __init__(self, path: str, max_steps: int, val_check_interval: int, first_step: int = 0, **schedule):
         if not str(path).strip():
             raise ConfigError("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
         self.path = Path(path)
@@ -124,7 +126,7 @@ class RunDirectory(Checkpoint):
         self.schedule = CheckpointSchedule(self.dir, max_steps, val_check_interval, **schedule)
         self.claim, self.tables, self.io = Claim(self.path / CLAIM_FILE), RunTables(self.path), VerifiedCheckpointIO()
         self.resume_path: Path | None = None
-        self.resume_step = 0
+        self.resume_step, self.first_step = 0, first_step
         self.damaged: set[str] = set()  # names of checkpoints found damaged: never promoted to previous.ckpt
         self.last_good: Path | None = None  # the newest checkpoint this process verified or wrote
         self.last_saved, self.last_saved_step = None, None  # the last full checkpoint this process wrote, its step
@@ -137,16 +139,17 @@ class RunDirectory(Checkpoint):
     # -- start and end
 
     @contextmanager
-    def opened(self, cfg: DictConfig, overrides: list[str]):
+    def opened(self, cfg: DictConfig, overrides: list[str], start: Callable[[], dict] | None = None):
         """Claim the directory and prepare it for the run (rank 0), or wait for rank 0 to have done so (other
-        ranks); set resume_path and resume_step. Release the claim at the end; a directory that got nothing
-        but the claim is removed."""
+        ranks); set resume_path and resume_step. `start`: the first checkpoint of a run that starts at a step of
+        another (a branch: training/branch.py), written where the directory holds none. Release the claim at the
+        end; a directory that got nothing but the claim is removed."""
         existed = self.path.is_dir() and any(self.path.iterdir())
         try:
             if process_rank() == 0:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self.claim.acquire()
-                self.prepare(cfg, overrides)
+                self.prepare(cfg, overrides, start)
             else:
                 chosen = self.claim.join()["resume"]
                 self.resume_path = self.path / chosen["path"] if chosen["path"] else None
@@ -159,7 +162,7 @@ class RunDirectory(Checkpoint):
             if not existed and self.path.is_dir() and not any(self.path.iterdir()):
                 self.path.rmdir()
 
-    def prepare(self, cfg: DictConfig, overrides: list[str]) -> None:
+    def prepare(self, cfg: DictConfig, overrides: list[str], start: Callable[[], dict] | None = None) -> None:
         if cfg.restart:
             self.move_aside()
         elif any(self.dir.glob("*.ckpt")):
@@ -167,6 +170,14 @@ class RunDirectory(Checkpoint):
         remove_partial_writes(self.dir)
         remove_partial_writes(self.path)
         self.resume_path, self.resume_step, damaged = resume_choice(self.path)
+        since = self.first_step
+        if self.resume_path is None and start is not None:
+            checkpoint = start()
+            for path in (self.schedule.path(since), self.dir / LAST):
+                write_checkpoint(checkpoint, path)
+            print(f"branched {self.path} from {checkpoint['branched_from']['source']} at step {since}",
+                  file=sys.stderr, flush=True)
+            self.resume_path, self.resume_step, damaged = resume_choice(self.path)
         self.damaged.update(damaged)
         self.last_good = self.resume_path
         if self.resume_path is not None:
@@ -176,8 +187,10 @@ class RunDirectory(Checkpoint):
                 flush=True,
             )
         self.lost_validations = self.tables.keep_metrics_before(
-            self.resume_step, self.schedule.validates_after, lambda step: intact_checkpoint_of(self.path, step)
+            self.resume_step, self.schedule.validates_after, lambda step: intact_checkpoint_of(self.path, step), since
         )
+        if since and self.resume_step == since and self.schedule.validates_after(since):
+            self.lost_validations[since] = self.schedule.path(since)  # a branch's first row: its start validated
         self.tables.keep_angles_until(self.resume_step)
         if not (self.path / RUN_ID_FILE).is_file():
             write_atomically(self.path / RUN_ID_FILE, (os.urandom(8).hex() + "\n").encode())

@@ -63,12 +63,13 @@ class RunTables:
         self.metrics, self.angles = run / METRICS_FILE, run / ANGLES_FILE
 
     def keep_metrics_before(self, step: int, validates_after: Callable[[int], bool],
-                            checkpoint_of: Callable[[int], Path | None]) -> dict[int, Path]:
+                            checkpoint_of: Callable[[int], Path | None], since: int = 0) -> dict[int, Path]:
         """metrics.csv holds exactly the rows of the steps before `step`, the resume step: torn rows and the rows an
         interrupted attempt logged after its checkpoint are dropped. Of the validation rows missing before it (after
         the optimizer steps s for which validates_after(s)), those of a step whose weights a checkpoint holds
         (checkpoint_of(s): an intact one, else None) are returned, s -> checkpoint, to be validated again
-        (revalidate.py); the others, and the training rows missing, are reported."""
+        (revalidate.py); the others, and the training rows missing, are reported. `since`: the step the run started
+        at (a branch's), the rows before which it never had."""
         path = self.metrics
         header, rows, torn = read_table(path)
         if not header:
@@ -82,12 +83,13 @@ class RunTables:
             return {}
         # the validation after optimizer step s (1-based) is logged with the step of that optimizer step's row, s - 1
         validated = {int(r["step"]) + 1 for r in kept if r.get("val/loss")}
-        lost = [s for s in range(1, step + 1) if validates_after(s) and s not in validated]
+        lost = [s for s in range(since or 1, step + 1) if validates_after(s) and s not in validated]
         found = {s: checkpoint for s in lost if (checkpoint := checkpoint_of(s)) is not None}
         gaps = []
         trained = {int(r["step"]) for r in kept if r.get("train/loss")}
         for kind, missing in (("training", sorted(set(range(step)) - trained)),
                               ("validation", [s - 1 for s in lost if s not in found])):
+            missing = [s for s in missing if s >= since]
             if missing:
                 gaps.append(f"{kind} rows for step{'s' * (len(missing) > 1)} {step_ranges(missing)}")
         if gaps:

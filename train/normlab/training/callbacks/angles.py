@@ -71,7 +71,8 @@ class AngleCallback(L.Callback):
         if trainer.is_global_zero:
             rows_per_step = len(stat_rows(norm_sites(pl_module.model, "normlab")))
             have = self.run.tables.angle_rows_per_step()
-            missing = [s for s in sorted(self.steps) if s <= trainer.global_step and have.get(s) != rows_per_step]
+            missing = [s for s in sorted(self.steps) if self.run.first_step <= s <= trainer.global_step
+                       and have.get(s) != rows_per_step]
         for step in trainer.strategy.broadcast(missing):
             if step == trainer.global_step:
                 self._probe(trainer, pl_module, step)

@@ -1,0 +1,128 @@
+"""Branches (training/branch.py, docs/branch.md) on cases whose answer is known: a branch of step K computes its
+source's step-K function (kept, converted, or the zero-mean-writers control), sees the source's batches from K on,
+keeps the source's step-K validation loss when its learning rate is 0, and the control tracks the LayerNorm branch to
+float rounding (float64); what cannot be branched is one line. Real runs: the session's FAST_TRAIN sweep as sources."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback
+
+from conftest import FAST_TRAIN, compose_config, run_cli, run_of
+from normlab.common.errors import ConfigError
+from normlab.training.checkpoint_files import read_checkpoint
+from normlab.training.loader import load_model
+from normlab.training.pipeline import train
+
+K = 4
+ARMS = {"layernorm": [], "rmsnorm_bias": [], "control": ["norm=rmsnorm_bias", "branch.zero_mean_writers=true"]}
+
+
+def branch_config(tmp_path: Path, source: Path, arm: str, *extra: str, step: int = K):
+    overrides = ARMS.get(arm) or [f"norm={arm}"]
+    return compose_config("train", [*FAST_TRAIN, *overrides, f"branch.source={source}", f"branch.step={step}",
+                                    f"run_dir={tmp_path / arm}", *extra])
+
+
+def val_losses(run: Path) -> dict[int, float]:
+    """Optimizer step (1-based) -> validation loss, from metrics.csv."""
+    lines = (run / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    column = header.index("val/loss")
+    return {int(row.split(",")[0]) + 1: float(row.split(",")[column]) for row in lines[1:]
+            if row.split(",")[column]}
+
+
+class Batches(Callback):
+    """The training batches a run sees, in order."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(batch[0].clone())
+
+
+def source_batches(start: int, count: int) -> list[torch.Tensor]:
+    """The batches the FAST_TRAIN source sees at optimizer steps start.. (its data module, its sampler)."""
+    dm = instantiate(compose_config("train", FAST_TRAIN).data)
+    dm.setup("fit")
+    return [x for x, _ in itertools.islice(dm.train_dataloader(), start, start + count)]
+
+
+def test_every_arm_starts_with_the_sources_step_k_function_and_its_batches(sweep, tmp_path):
+    source = run_of(sweep, "layernorm")
+    tokens = source_batches(0, 1)[0]
+    with torch.no_grad():
+        expected = load_model(source / f"checkpoints/step-{K:07d}.ckpt")(tokens)
+    source_val = val_losses(source)[K]
+    for arm in ARMS:
+        recorder = Batches()
+        train(branch_config(tmp_path, source, arm), extra_callbacks=[recorder])
+        first = tmp_path / arm / f"checkpoints/step-{K:07d}.ckpt"
+        checkpoint = read_checkpoint(first)
+        assert checkpoint["global_step"] == K and checkpoint["branched_from"]["step"] == K
+        assert checkpoint["optimizer_states"][0]["state"] == {}  # a fresh AdamW: no moments
+        with torch.no_grad():
+            logits = load_model(first)(tokens)
+        assert torch.allclose(logits, expected, atol=1e-4), arm  # the source's function of step K
+        losses = val_losses(tmp_path / arm)
+        assert min(losses) == K and losses[K] == pytest.approx(source_val, abs=1e-4)  # its first row: the start
+        for seen, sources in zip(recorder.seen, source_batches(K, 2), strict=True):
+            assert torch.equal(seen, sources)  # the source's batches from step K on
+
+
+def test_with_a_learning_rate_of_0_every_arm_keeps_the_sources_step_k_loss(sweep, tmp_path):
+    source = run_of(sweep, "layernorm")
+    for arm in ("layernorm", "rmsnorm_bias"):
+        train(branch_config(tmp_path, source, arm, "optimizer.lr=0"))
+        losses = val_losses(tmp_path / arm)
+        assert sorted(losses) == [4, 6]
+        assert all(loss == pytest.approx(val_losses(source)[K], abs=1e-4) for loss in losses.values()), arm
+
+
+def test_the_zero_mean_writers_control_tracks_the_layernorm_branch_in_float64(sweep, tmp_path):
+    """Its gradients with respect to the raw weights are the LayerNorm model's, and the optimizer starts afresh for
+    both: over the steps after K their losses agree to float64 rounding, where the free RMSNorm branch's do not."""
+    steps = ["trainer.max_steps=20", "checkpoints.sparse_every=20"]
+    source = run_cli("normlab-train", *FAST_TRAIN, *steps, f"run_dir={tmp_path / 'source'}")  # float32
+    assert source.returncode == 0, source.stderr
+    losses = {}
+    for arm in ARMS:
+        train(branch_config(tmp_path, tmp_path / "source", arm, *steps, "trainer.precision=64-true"))
+        losses[arm] = val_losses(tmp_path / arm)
+    after = [s for s in losses["layernorm"] if s > K]
+    assert len(after) == 8
+    assert max(abs(losses["control"][s] - losses["layernorm"][s]) for s in after) < 1e-6
+    assert max(abs(losses["rmsnorm_bias"][s] - losses["layernorm"][s]) for s in after) > 1e-4
+
+
+@pytest.mark.parametrize("arm, step, message", [
+    ("layernorm", 3, "has no intact checkpoint of step 3 (its steps: 0, 2, 4, 6): give one of its steps as "
+                     "branch.step"),
+    ("layernorm", 6, "branch.step=6: give a step of the source's checkpoints from 1 to below trainer.max_steps=6"),
+    ("rmsnorm", K, "norm=rmsnorm (bias False, eps 1e-05) is not the exact RMSNorm of"),
+    ("dyt", K, "norm=dyt: a branch keeps its source's norm or converts its LayerNorms exactly into RMSNorms"),
+])
+def test_what_cannot_be_branched_is_one_line(sweep, tmp_path, arm, step, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        train(branch_config(tmp_path, run_of(sweep, "layernorm"), arm, step=step))
+    assert not (tmp_path / arm).exists()  # nothing written
+
+
+def test_a_source_of_another_norm_cannot_be_converted_and_a_setting_of_its_own_is_named(sweep, tmp_path):
+    with pytest.raises(ConfigError, match="is already an RMSNorm model: nothing to convert"):
+        train(branch_config(tmp_path, run_of(sweep, "rmsnorm"), "rmsnorm_bias"))
+    train(compose_config("train", [*FAST_TRAIN, "norm=dyt", f"run_dir={tmp_path / 'dyt'}"]))
+    with pytest.raises(ConfigError, match="has DyT norms: only a LayerNorm model converts exactly into an RMSNorm one; "
+                                          "a branch of another norm than its source's needs a LayerNorm source"):
+        train(branch_config(tmp_path, tmp_path / "dyt", "rmsnorm_bias"))
+    with pytest.raises(ConfigError, match=r"^seed=1, where branch.source=.* has 0: a branch continues its source"):
+        train(branch_config(tmp_path, run_of(sweep, "layernorm"), "rmsnorm_bias", "seed=1"))
+    with pytest.raises(ConfigError, match="a branch needs both branch.source"):
+        train(compose_config("train", [*FAST_TRAIN, f"branch.source={run_of(sweep, 'layernorm')}",
+                                       f"run_dir={tmp_path / 'x'}"]))
+    assert not (tmp_path / "rmsnorm_bias").exists() and not (tmp_path / "x").exists()

@@ -1,0 +1,152 @@
+"""A branch (docs/branch.md): a new run that starts at step K of a source run, from the source's checkpoint of step K,
+so that arms which differ only in their norm from K on continue one shared function on the same batches.
+
+- The weights: the source's, as they are for a branch of the source's own norm; for an uncentred norm of the centring
+  x bias 2x2 (rmsnorm_bias, rmsnorm) of a LayerNorm source, converted exactly (model/conversion.py, normlab-convert's
+  code); with branch.zero_mean_writers, the LayerNorm weights unchanged in an RMSNorm model that centres every write
+  into the residual stream in its forward (model/gpt.py): it computes, and its gradients follow, what the LayerNorm
+  model does. The branch's checkpoint of step K computes the source's function of step K.
+- The rest of the state continues from step K: the data position and the loops' progress (from the source's
+  checkpoint, which holds them even when it holds the weights only), the schedule (the lr of step K on: the same
+  max_steps and schedule are required), the random generators where the source's checkpoint holds them.
+- The optimizer starts afresh for every arm: the source's AdamW moments are of the unconverted parameters and would
+  not map onto converted ones, so no arm keeps them (the LayerNorm branch restarts too: what that restart costs is
+  its difference from the source continuing).
+
+`start_checkpoint` builds that first checkpoint; the run directory writes it as the branch's step-K and last
+checkpoint (RunDirectory.prepare), from which the branch resumes as any run does: resume, SIGTERM, requeue and
+sweeps need nothing more.
+"""
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.common.errors import ConfigError
+from normlab.common.moved import current_config
+from normlab.model import norms
+from normlab.model.conversion import ConvertError, centred_weights, layernorm_of
+from normlab.training.checkpoint_files import intact_checkpoint_of, read_checkpoint, recorded_step
+from normlab.training.run_config import CONFIG_FILE, flat
+
+# What a branch must share with its source (beyond them it may differ in its norm, its optimizer's settings, its
+# checkpoint schedule, probes and names): the model, the data and their order, the batch and the schedule
+SHARED = ("model.", "data.", "seed", "global_batch_size", "trainer.max_steps", "schedule.")
+NOT_SHARED = ("data.dir", "data.num_workers", "data.verify_checksums")  # where the data lies, how fast it is read
+
+
+def check_branch(cfg: DictConfig) -> Path | None:
+    """branch.source and branch.step given together, the step a whole number from 1 to below trainer.max_steps, the
+    source a run directory with an intact checkpoint of that step and the settings a branch shares with it; the
+    source's folder (None: not a branch). Before anything is written."""
+    branch = cfg.get("branch") or {}
+    source, step = branch.get("source"), branch.get("step")
+    if source is None and step is None:
+        if branch.get("zero_mean_writers"):
+            raise ConfigError("branch.zero_mean_writers=true is the control arm of a branch: give branch.source and "
+                              "branch.step too")
+        return None
+    if source is None or step is None:
+        raise ConfigError("a branch needs both branch.source (a run directory) and branch.step (a step of its "
+                          "checkpoints)")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 < step < cfg.trainer.max_steps:
+        raise ConfigError(f"branch.step={step}: give a step of the source's checkpoints from 1 to below "
+                          f"trainer.max_steps={cfg.trainer.max_steps}")
+    folder = Path(str(source))
+    if not (folder / CONFIG_FILE).is_file():
+        raise ConfigError(f"branch.source={source} is not a run directory (it has no {CONFIG_FILE}): give the "
+                          "directory of the run to branch from")
+    source_checkpoint(folder, step)
+    check_shared(cfg, current_config(OmegaConf.to_container(OmegaConf.load(folder / CONFIG_FILE))), folder)
+    return folder
+
+
+def source_checkpoint(folder: Path, step: int) -> Path:
+    """The source's intact checkpoint of `step`, else one line naming the steps it has."""
+    path = intact_checkpoint_of(folder, step)
+    if path is None:
+        steps = sorted({s for p in (folder / "checkpoints").glob("*.ckpt") if (s := recorded_step(p)) >= 0})
+        has = ", ".join(f"{s:,}" for s in steps) or "none"
+        raise ConfigError(f"branch.source={folder} has no intact checkpoint of step {step:,} (its steps: {has}): give "
+                          "one of its steps as branch.step")
+    return path
+
+
+def check_shared(cfg: DictConfig, source: dict, folder: Path) -> None:
+    """The settings a branch shares with its source (SHARED) are equal, else one line naming the first that is not."""
+    mine, theirs = flat(OmegaConf.to_container(cfg, resolve=True)), flat(source)
+    for key in sorted(mine.keys() | theirs.keys(), key=lambda k: (k.count("."), k)):  # seed before data.seed
+        if key.startswith(SHARED) and not key.startswith(NOT_SHARED) and mine.get(key) != theirs.get(key):
+            raise ConfigError(f"{key}={json.dumps(mine.get(key))}, where branch.source={folder} has "
+                              f"{json.dumps(theirs.get(key))}: a branch continues its source, so only its norm (and "
+                              "its optimizer's settings) may differ: give the source's")
+
+
+def same_norm(cfg: DictConfig, source: dict) -> bool:
+    settings = OmegaConf.to_container(cfg.norm, resolve=True)
+    return all(settings.get(k) == source["norm"].get(k) for k in ("layer", "sites"))
+
+
+def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder: Path) -> dict:
+    """The branch model's weights (without the `model.` prefix): the source's own, or converted (module docstring)."""
+    from normlab.training.pipeline import build_model
+
+    zero_mean = bool(cfg.branch.zero_mean_writers)
+    if same_norm(cfg, source) and not zero_mean:
+        return weights
+    with torch.device("meta"):
+        source_model = build_model(OmegaConf.create(source))
+    mine = module.model.norm_layers()[0]
+    what = f"branch.source={folder} (norm={source['norm'].get('name')})"
+    try:
+        layernorm = layernorm_of(source_model, what)
+    except ConvertError as e:
+        raise ConfigError(f"{e}; a branch of another norm than its source's needs a LayerNorm source") from None
+    traits = norms.traits(mine)
+    if not (traits.centring_pair and not traits.centres) or not isinstance(mine, norms.RMSNorm):
+        raise ConfigError(f"norm={cfg.norm.name}: a branch keeps its source's norm or converts its LayerNorms "
+                          "exactly into RMSNorms (norm=rmsnorm_bias, or rmsnorm for a LayerNorm without bias)")
+    if traits.bias != (layernorm.bias is not None) or mine.eps != layernorm.eps:
+        raise ConfigError(f"norm={cfg.norm.name} (bias {traits.bias}, eps {mine.eps}) is not the exact RMSNorm of "
+                          f"{what} (bias {layernorm.bias is not None}, eps {layernorm.eps}): give "
+                          f"norm={'rmsnorm_bias' if layernorm.bias is not None else 'rmsnorm'} with its eps")
+    if source_model.config.tie_embeddings:
+        raise ConfigError(f"{what} ties its LM head to its embeddings, which the conversion unties: branch an "
+                          "untied source (model.tie_embeddings=false)")
+    return weights if zero_mean else centred_weights(weights)
+
+
+def fresh_optimizer_at(module, step: int) -> tuple[dict, dict]:
+    """The state of a new optimizer and of its schedule after `step` optimizer steps: no moments, the lr of step K."""
+    configured = module.configure_optimizers()
+    optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
+    with warnings.catch_warnings():  # stepping the schedule alone, before any optimizer step, is the point here
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(step):
+            scheduler.step()
+    return optimizer.state_dict(), scheduler.state_dict()
+
+
+def start_checkpoint(cfg: DictConfig, module) -> dict:
+    """The branch's first checkpoint, of step branch.step: the source's checkpoint of that step (its loops' progress,
+    data position, step and epoch, random generators where it holds them) with the branch's weights, config and a
+    fresh optimizer at that step. `module`: the branch's LightningModule."""
+    folder, step = check_branch(cfg), cfg.branch.step
+    checkpoint = read_checkpoint(source_checkpoint(folder, step))
+    source = current_config(OmegaConf.to_container(OmegaConf.create(checkpoint["hyper_parameters"]["config"])))
+    check_shared(cfg, source, folder)
+    if cfg.model.dropout and "rng_states" not in checkpoint:
+        raise ConfigError(f"branch.source={folder}: its checkpoint of step {step:,} holds the weights only, without "
+                          "the random generators that dropout draws from: branch a run trained with "
+                          "checkpoints.scheduled=full, or without dropout")
+    weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    module.model.load_state_dict(branch_weights(cfg, module, source, weights, folder))
+    optimizer, scheduler = fresh_optimizer_at(module, step)
+    kept = {k: checkpoint[k] for k in ("epoch", "global_step", "pytorch-lightning_version", "loops", "rng_states")
+            if k in checkpoint}
+    return {**kept, "state_dict": module.state_dict(), "optimizer_states": [optimizer], "lr_schedulers": [scheduler],
+            "hparams_name": checkpoint.get("hparams_name"), "hyper_parameters": dict(module.hparams),
+            "branched_from": {"source": str(folder.resolve()), "step": step}}
