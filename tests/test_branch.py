@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback
 
 from conftest import FAST_TRAIN, compose_config, run_cli, run_of
 from normlab.common.errors import ConfigError
+from normlab.interop.export import ExportError, hugging_face
 from normlab.training.checkpoint_files import read_checkpoint
 from normlab.training.loader import load_model
 from normlab.training.pipeline import train
@@ -73,6 +74,8 @@ def test_every_arm_starts_with_the_sources_step_k_function_and_its_batches(sweep
         assert min(losses) == K and losses[K] == pytest.approx(source_val, abs=1e-4)  # its first row: the start
         for seen, sources in zip(recorder.seen, source_batches(K, 2), strict=True):
             assert torch.equal(seen, sources)  # the source's batches from step K on
+    with pytest.raises(ExportError, match="is a branch's zero-mean-writers control"):  # GPT-2 would not centre
+        hugging_face(tmp_path / "control" / f"checkpoints/step-{K:07d}.ckpt")
 
 
 def test_with_a_learning_rate_of_0_every_arm_keeps_the_sources_step_k_loss(sweep, tmp_path):

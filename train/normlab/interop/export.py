@@ -132,6 +132,9 @@ def hugging_face(
     memory (nothing is written)."""
     checkpoint = Path(checkpoint)
     model = loader.load_model(checkpoint)
+    if model.config.zero_mean_writers:  # GPT-2's code would not centre its writes: it would compute another function
+        raise ExportError(f"{checkpoint} is a branch's zero-mean-writers control (branch.zero_mean_writers=true), "
+                          "which Hugging Face's GPT-2 does not compute: it is for training comparisons, not export")
     norm_args = loader.saved_config(loader.read_checkpoint(checkpoint))["norm"]["layer"]
     converted = hf_model(model, metadata(checkpoint), norm_args).to(loader.DTYPES[dtype]).eval()
     return converted, gpt2_tokenizer(model.config.block_size)
