@@ -1,6 +1,8 @@
 """normlab.model.fused_rmsnorm.rms_norm against F.rms_norm: forward, both gradients, every dtype, and the fallback."""
 
 import shutil
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -121,3 +123,15 @@ def test_falls_back_once_when_the_build_fails(monkeypatch):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         torch.testing.assert_close(again, want, rtol=0, atol=0)
     assert not fused(rms_norm(x.requires_grad_(), w, EPS))
+
+
+def test_a_build_killed_midway_does_not_hang_the_next():
+    """torch's lock file, which a build killed midway leaves behind (a Ctrl-C, a time limit), made every later
+    build wait for it forever; the next one removes it under normlab's own lock and loads (here within a minute)."""
+    fused_rmsnorm._loaded()  # built (or found built) first
+    _, folder = fused_rmsnorm.build_directory()
+    (folder / "lock").touch()
+    loaded = subprocess.run([sys.executable, "-c", "from normlab.model import fused_rmsnorm as f; "
+                             "assert f._loaded(), 'not built'"], capture_output=True, text=True, timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    assert not (folder / "lock").exists()

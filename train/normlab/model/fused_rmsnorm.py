@@ -20,6 +20,7 @@ F.rms_norm does the rest: CUDA tensors (torch has fused kernels there), torch.co
 input and weight of different dtypes (as under autocast), and machines where the build fails (one warning).
 """
 
+import fcntl
 import hashlib
 import os
 import re
@@ -147,26 +148,38 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float64)
 _extension = None  # the loaded module once built, False once a build has failed
 
 
-def _build():
-    from torch.utils.cpp_extension import get_default_build_root, load_inline
+def build_directory() -> tuple[str, Path]:
+    """The extension's name and folder: one per CPU's flags, Python, torch and source."""
+    from torch.utils.cpp_extension import get_default_build_root
 
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
     key = hashlib.sha1(f"{flags}\n{sys.version}\n{_SOURCE}".encode()).hexdigest()[:10]
     name = f"normlab_rmsnorm_torch{re.sub(r'[^0-9A-Za-z]', '_', torch.__version__)}_{key}"
-    build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
+    return name, Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
+
+
+def _build():
+    from torch.utils.cpp_extension import load_inline
+
+    name, build_dir = build_directory()
     if not (build_dir / f"{name}.so").exists():
         print(f"normlab: compiling the fused CPU RMSNorm kernel into {build_dir} (once; takes a while)", flush=True)
     build_dir.mkdir(parents=True, exist_ok=True)
-    return load_inline(
-        name,
-        cpp_sources=_SOURCE,
-        functions=["rms_norm"],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(build_dir),
-        verbose=False,
-    )
+    with open(build_dir / "normlab.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # one build at a time; the kernel releases it when its holder dies
+        # torch's own lock is a file that a build killed midway (Ctrl-C, a time limit) leaves behind, and every later
+        # build would wait for it forever: under our lock, no build of ours is running, so it is stale
+        (build_dir / "lock").unlink(missing_ok=True)
+        return load_inline(
+            name,
+            cpp_sources=_SOURCE,
+            functions=["rms_norm"],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(build_dir),
+            verbose=False,
+        )
 
 
 def _loaded():
