@@ -174,6 +174,10 @@ def test_prepare_keeps_the_learning_check_and_the_report_leaves_out_what_did_not
     assert summary.count("**did not learn: its final val loss") == 2
     assert "| dyt | 0 of 2 | — | did not learn" in summary and "dyt − layernorm" not in summary
     assert "a Δ of 0 says nothing of centring" in summary
+    report(f"runs={sweep}", f"out={tmp_path / 'smoke'}", "learning_check=false")  # smoke runs: compared all the same
+    smoke = (tmp_path / "smoke/summary.md").read_text()
+    assert "dyt − layernorm" in smoke and "did not learn: its final" not in smoke
+    assert "Learning check: off (learning_check=false): every run is compared, 2 of 6 not 0.1 below" in smoke
 
 
 def test_norms_at_their_own_tuned_learning_rates_are_compared_only_when_declared(tmp_path):

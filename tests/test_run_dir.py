@@ -18,13 +18,15 @@ import torch
 from omegaconf import OmegaConf
 
 from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, run_of, state, wait, written_before
-from normlab.study.report.groups import group_runs
+from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.runs import find_runs
 from normlab.training.checkpoint_files import checkpoint_steps, write_checkpoint
 from normlab.training.claim import Claim, process_start, this_process
 from normlab.training.loader import load_model
 from normlab.training.run_files import RunDirError
 from normlab.training.run_tables import read_table
+
+SMOKE = Declared(learning_check=False)  # runs of a few steps, which learned nothing yet, compared all the same
 
 
 def claim_of(run, **holder) -> Claim:
@@ -205,7 +207,7 @@ def test_a_finished_run_whose_final_validation_row_was_torn_gets_it_back_bit_for
     final = logged[logged.rindex(b"\n", 0, -1) + 1:]  # the validation after step 6
     assert final.startswith(b"5,") and final.rstrip().split(b",")[-1]
     metrics.write_bytes(logged[: -len(final)])
-    (before,) = group_runs(find_runs([run.parent])[0])[0].runs  # what normlab-report makes of it
+    (before,) = group_runs(find_runs([run.parent])[0], SMOKE)[0].runs  # what normlab-report makes of it
     found = re.fullmatch(r"metrics.csv has no validation of its final step 6, which its checkpoint holds: `([^`]+)` "
                          r"puts it back: left out", before.left_out)
     assert found, before.left_out
@@ -219,7 +221,7 @@ def test_a_finished_run_whose_final_validation_row_was_torn_gets_it_back_bit_for
     assert "metrics.csv: validated step 6 again from step-0000006.ckpt" in result.stderr
     assert "cannot be regenerated" not in result.stderr
     assert metrics.read_bytes() == logged
-    (after,) = group_runs(find_runs([run.parent])[0])[0].runs
+    (after,) = group_runs(find_runs([run.parent])[0], SMOKE)[0].runs
     assert (after.left_out, after.val_step) == ("", 6)
 
 

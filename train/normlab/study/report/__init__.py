@@ -123,4 +123,8 @@ def declared(cfg: DictConfig) -> Declared:
     if not isinstance(tuned, list) or not all(isinstance(k, str) and k for k in tuned):
         raise AnalysisError(f"tuned={tuned}: give [key,...], the dotted config keys tuned per norm, e.g. "
                             "[optimizer.lr]")
-    return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs), tuple(tuned))
+    check = cfg.get("learning_check", True)
+    if not isinstance(check, bool):
+        raise AnalysisError(f"learning_check={check}: give true or false")
+    return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs), tuple(tuned),
+                    check)

@@ -35,6 +35,7 @@ class Declared:
     reference: str = "layernorm"
     pairs: tuple[tuple[str, str], ...] = ()
     tuned: tuple[str, ...] = ()
+    learning_check: bool = True  # False: runs that did not learn are compared too (smoke runs of a few steps)
 
     def is_tuned(self, key: str) -> bool:
         return any(key == k or key.startswith(f"{k}.") for k in self.tuned)
@@ -140,6 +141,7 @@ class Group:
     comparisons: list[Comparison] = field(default_factory=list)
     cells: dict[tuple[bool, bool], Arm] = field(default_factory=dict)  # the 2x2's norms by (centres, bias)
     tuned: list[str] = field(default_factory=list)  # the declared tuned settings its norms differ in
+    learning_check: bool = True  # whether runs that did not learn were left out (Declared.learning_check)
 
     def check_tuned(self, declared: Declared) -> None:
         """Each norm of the group at one value of each tuned setting (its tuned one); which of them differ."""
@@ -199,11 +201,12 @@ class Group:
         the runs of two norms by seed as declared: each of `pairs`, else the 2x2 (pair_centring) and every norm
         outside it against the reference."""
         arms: dict[Arm, dict[tuple, Run]] = defaultdict(dict)  # norm -> pairing -> run
+        self.learning_check = declared.learning_check
         for run in sorted(self.runs, key=lambda r: (-(r.val_step or 0), r.name)):
             kept = arms[run.norm]
             if run.incomplete:
                 run.left_out = f"{run.incomplete}: left out"
-            elif run.learned is False:
+            elif run.learned is False and declared.learning_check:
                 run.left_out = (f"did not learn: its final val loss {run.final_val_loss:.4f} is not {LEARNED_MARGIN} "
                                 f"below {run.unigram_loss:.4f}, the held-out cross-entropy of token frequencies "
                                 "alone: left out of every comparison")

@@ -102,7 +102,11 @@ def final_loss_note(group: Group) -> str:
     lr = (f", where the learning rate was {min(fractions):.2f}-{max(fractions):.2f}x its peak" if fractions else "")
     text = (f"Final val loss: the mean of a run's last {len(runs[0].final_validations)} validation"
             f"{'s' * (len(runs[0].final_validations) > 1)} (steps {step_ranges(steps)}){lr}.")
-    if group.unigram_loss is not None:
+    if group.unigram_loss is not None and not group.learning_check:
+        failed = sum(r.learned is False for r in group.runs)
+        text += (f" Learning check: off (learning_check=false): every run is compared, {failed} of {len(group.runs)} "
+                 f"not {LEARNED_MARGIN} below {group.unigram_loss:.4f}, the cross-entropy of token frequencies alone.")
+    elif group.unigram_loss is not None:
         text += (f" Learning check: the held-out split's cross-entropy under the training split's token frequencies "
                  f"is {group.unigram_loss:.4f} nats/token; a run whose final loss is not {LEARNED_MARGIN} below it "
                  "learned token frequencies and nothing else, and is compared with nothing.")
