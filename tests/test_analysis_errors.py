@@ -151,7 +151,7 @@ CASES = {
                                ["{tmp}/run/angles.csv, line ", "is cut short", "rerun the same normlab-train command",
                                 "normlab-angles model_path={tmp}/run out={tmp}/run/angles.csv"]),
     "angles.csv row without a field": (REPORT, ["runs={tmp}/run"], (drop_a_field_of_line_3, "run/angles.csv"),
-                                       ["{tmp}/run/angles.csv, line 3, has 26 fields, its header 27"]),
+                                       ["{tmp}/run/angles.csv, line 3, has 27 fields, its header 28"]),
     "metrics.csv cut mid-row": (REPORT, ["runs=[{tmp}/run]"], (cut_mid_row, "run/metrics.csv"),
                                 ["{tmp}/run/metrics.csv, line ", "is cut short",
                                  "rerun the same normlab-train command, which repairs it"]),

@@ -230,8 +230,8 @@ def test_preflight_fails_a_diverging_preset(monkeypatch):
     ("plan.gpus=[80GB,0GB]", "unknown GPU '0GB' in plan.gpus: choose from a100_40gb, a100_80gb, a6000, h100, "
                              "h100_pcie, h200, or give a memory size such as 80GB"),
     ("plan.mfu=2", "plan.mfu=2: give the model FLOPs utilisation as a fraction, e.g. 0.4"),
-    ("trainer.precision=bf16-true", "trainer.precision=bf16-true: give one of 32-true, bf16-mixed, 16-mixed (float32 "
-                                    "weights, with bf16 or fp16 autocast for the mixed ones)"),
+    ("trainer.precision=bf16-true", "trainer.precision=bf16-true: give one of 32-true, bf16-mixed, 16-mixed, 64-true "
+                                    "(float32 weights, with bf16 or fp16 autocast for the mixed ones; float64)"),
     ("trainer.devices=auto", "trainer.devices=auto, trainer.num_nodes=1: the plan needs whole numbers"),
 ])
 def test_the_plan_refuses_what_it_cannot_plan(override, message):

@@ -311,7 +311,7 @@ def test_report_draws_the_loss_curves_and_summarises_both_norms(sweep, tmp_path)
         assert (tmp_path / f"{figure}.png").stat().st_size > 10_000 and f"({figure}.png)" in summary
         assert (tmp_path / f"{figure}.pdf").is_file()
     assert "Angle to 1 at the norm inputs, per layer" in summary
-    assert "| rmsnorm − layernorm (the bias differs too) | 2 (0, 1) |" in summary  # paired by seed over the 2 seeds
+    assert "| rmsnorm − layernorm (the bias differs too) | paired t | 2 (0, 1) |" in summary  # by seed, 2 seeds
     assert "| tiny† | rmsnorm | 2 | 6 | rmsnorm − layernorm (the bias differs too): " in summary
 
 

@@ -9,6 +9,7 @@ import dataclasses
 from functools import partial
 
 import torch
+from torch import nn
 
 from normlab.common.errors import NormlabError
 from normlab.model import norms
@@ -60,14 +61,19 @@ def layernorm_of(model: GPT, what: str = "the model") -> norms.LayerNorm:
     """The final LayerNorm of `model`, once every norm of it is checked to be one; `what` names the model in the
     error."""
     for norm in model.norm_layers():
-        traits = norms.traits(norm)
-        if traits.centring_pair and not traits.centres:
-            raise ConvertError(f"{what} is already an RMSNorm model: nothing to convert (a LayerNorm model converts "
-                               "into an RMSNorm one)")
-        if not norms.is_layernorm(norm):
-            raise ConvertError(f"{what} has {type(norm).__name__} norms: only a LayerNorm model converts exactly "
-                               "into an RMSNorm one")
+        check_convertible(norm, what)
     return model.ln_f
+
+
+def check_convertible(norm: nn.Module, what: str) -> None:
+    """A LayerNorm (normlab's or torch's), else ConvertError naming `what` (the model it is of)."""
+    traits = norms.traits(norm)
+    if traits.centring_pair and not traits.centres:
+        raise ConvertError(f"{what} is already an RMSNorm model: nothing to convert (a LayerNorm model converts "
+                           "into an RMSNorm one)")
+    if not norms.is_layernorm(norm):
+        raise ConvertError(f"{what} has {type(norm).__name__} norms: only a LayerNorm model converts exactly into "
+                           "an RMSNorm one")
 
 
 def converted(model: GPT, what: str = "the model") -> GPT:

@@ -23,12 +23,13 @@ import warnings
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError
 from normlab.common.moved import current_config
 from normlab.model import norms
-from normlab.model.conversion import ConvertError, centred_weights, layernorm_of
+from normlab.model.conversion import ConvertError, centred_weights, check_convertible
 from normlab.training.checkpoint_files import intact_checkpoint_of, read_checkpoint, recorded_step
 from normlab.training.run_config import CONFIG_FILE, flat
 
@@ -92,17 +93,15 @@ def same_norm(cfg: DictConfig, source: dict) -> bool:
 
 def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder: Path) -> dict:
     """The branch model's weights (without the `model.` prefix): the source's own, or converted (module docstring)."""
-    from normlab.training.pipeline import build_model
-
     zero_mean = bool(cfg.branch.zero_mean_writers)
     if same_norm(cfg, source) and not zero_mean:
         return weights
-    with torch.device("meta"):
-        source_model = build_model(OmegaConf.create(source))
     mine = module.model.norm_layers()[0]
     what = f"branch.source={folder} (norm={source['norm'].get('name')})"
+    with torch.device("meta"):
+        layernorm = instantiate(source["norm"]["layer"], _partial_=True)(mine.weight.shape[0])
     try:
-        layernorm = layernorm_of(source_model, what)
+        check_convertible(layernorm, what)
     except ConvertError as e:
         raise ConfigError(f"{e}; a branch of another norm than its source's needs a LayerNorm source") from None
     traits = norms.traits(mine)
@@ -113,7 +112,7 @@ def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder:
         raise ConfigError(f"norm={cfg.norm.name} (bias {traits.bias}, eps {mine.eps}) is not the exact RMSNorm of "
                           f"{what} (bias {layernorm.bias is not None}, eps {layernorm.eps}): give "
                           f"norm={'rmsnorm_bias' if layernorm.bias is not None else 'rmsnorm'} with its eps")
-    if source_model.config.tie_embeddings:
+    if source["model"].get("tie_embeddings"):
         raise ConfigError(f"{what} ties its LM head to its embeddings, which the conversion unties: branch an "
                           "untied source (model.tie_embeddings=false)")
     return weights if zero_mean else centred_weights(weights)
