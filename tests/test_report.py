@@ -333,8 +333,8 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tm
     assert "### Centring × bias, paired by seed" in summary
     assert "| with | layernorm: 3.0500 | rmsnorm_bias: 3.0750 |" in summary
     assert "| without | layernorm_nobias: 3.0650 | rmsnorm: 3.0625 |" in summary
-    assert ("| **primary**: centring, averaged over bias (uncentred − centred) | +0.0112 [-0.0007, +0.0232] (t over 2 "
-            "seeds, 3 df) | Holm [-0.0070, +0.0295], p 0.173 |") in summary
+    assert ("| **primary**: centring, averaged over bias (uncentred − centred) | +0.0112 [-0.0007, +0.0232] "
+            "(t over 2 seeds, 3 df) | Holm [-0.0070, +0.0295], p 0.173 |") in summary
     assert "| interaction (the centring's effect with a bias − without) | +0.0275 [+0.0036, +0.0514]" in summary
     assert ("| rmsnorm_bias − layernorm (with bias) | 2x2 factorial blocked by seed, pooled residual | 2 (0, 1) | "
             "+0.0300, +0.0200 | +0.0250 | [+0.0081, +0.0419] (3 df) |") in summary

@@ -41,8 +41,8 @@ NOT_SHARED = ("data.dir", "data.num_workers", "data.verify_checksums")  # where 
 
 def check_branch(cfg: DictConfig) -> Path | None:
     """branch.source and branch.step given together, the step a whole number from 1 to below trainer.max_steps, the
-    source a run directory with an intact checkpoint of that step and the settings a branch shares with it; the
-    source's folder (None: not a branch). Before anything is written."""
+    source a run directory with an intact checkpoint of that step and the settings a branch shares with it; that
+    checkpoint, verified (None: not a branch). Before anything is written."""
     branch = cfg.get("branch") or {}
     source, step = branch.get("source"), branch.get("step")
     if source is None and step is None:
@@ -60,9 +60,9 @@ def check_branch(cfg: DictConfig) -> Path | None:
     if not (folder / CONFIG_FILE).is_file():
         raise ConfigError(f"branch.source={source} is not a run directory (it has no {CONFIG_FILE}): give the "
                           "directory of the run to branch from")
-    source_checkpoint(folder, step)
+    path = source_checkpoint(folder, step)
     check_shared(cfg, current_config(OmegaConf.to_container(OmegaConf.load(folder / CONFIG_FILE))), folder)
-    return folder
+    return path
 
 
 def source_checkpoint(folder: Path, step: int) -> Path:
@@ -129,14 +129,14 @@ def fresh_optimizer_at(module, step: int) -> tuple[dict, dict]:
     return optimizer.state_dict(), scheduler.state_dict()
 
 
-def start_checkpoint(cfg: DictConfig, module) -> dict:
-    """The branch's first checkpoint, of step branch.step: the source's checkpoint of that step (its loops' progress,
-    data position, step and epoch, random generators where it holds them) with the branch's weights, config and a
-    fresh optimizer at that step. `module`: the branch's LightningModule."""
-    folder, step = check_branch(cfg), cfg.branch.step
-    checkpoint = read_checkpoint(source_checkpoint(folder, step))
+def start_checkpoint(cfg: DictConfig, module, path: Path) -> dict:
+    """The branch's first checkpoint, of step branch.step: the source's checkpoint of that step (`path`, as
+    check_branch verified it: its loops' progress, data position, step and epoch, random generators where it holds
+    them) with the branch's weights, config and a fresh optimizer at that step. `module`: the branch's
+    LightningModule."""
+    folder, step = path.parent.parent, cfg.branch.step
+    checkpoint = read_checkpoint(path)
     source = current_config(OmegaConf.to_container(OmegaConf.create(checkpoint["hyper_parameters"]["config"])))
-    check_shared(cfg, source, folder)
     if cfg.model.dropout and "rng_states" not in checkpoint:
         raise ConfigError(f"branch.source={folder}: its checkpoint of step {step:,} holds the weights only, without "
                           "the random generators that dropout draws from: branch a run trained with "

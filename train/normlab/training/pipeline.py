@@ -156,7 +156,8 @@ def train(cfg: DictConfig, extra_callbacks=()):
         devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
         datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
         run = build_run_directory(cfg)
-        start = partial(start_checkpoint, cfg, module) if check_branch(cfg) else None
+        source = check_branch(cfg)  # a branch's source checkpoint, verified; None for any other run
+        start = partial(start_checkpoint, cfg, module, source) if source else None
         callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values()]  # loads and checks the angle probe set
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
