@@ -34,8 +34,21 @@ LEVEL = 0.05
 MIN_DIRECTIONS = 3  # a leave-one-out sd needs two other directions
 
 
+class LargestOfSites:
+    """A statistic per site (z) and the site of the largest |z|: what the signed and the sign-invariant extremes
+    share."""
+
+    @property
+    def z_max(self) -> float:
+        return self.z[self.site]
+
+    @property
+    def sites(self) -> int:
+        return len(self.z)
+
+
 @dataclass(frozen=True)
-class SiteExtremes:
+class SiteExtremes(LargestOfSites):
     """The deviations from 90 of one mean angle per site (a run's, or the runs' average) in null sds, and the largest
     of them against the largest of the same deviations of J random directions."""
     z: dict[tuple, float]  # per site (layer, role), in site order
@@ -45,14 +58,6 @@ class SiteExtremes:
     p_max: float
     threshold: float | None  # the |z| the largest must exceed for p_max <= 0.05; None: too few directions
     directions: int
-
-    @property
-    def z_max(self) -> float:
-        return self.z[self.site]
-
-    @property
-    def sites(self) -> int:
-        return len(self.z)
 
 
 @dataclass(frozen=True)

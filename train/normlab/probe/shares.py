@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from normlab.probe.extremes import Unavailable, largest_against_null, leave_one_out_sd, measured
+from normlab.probe.extremes import LargestOfSites, Unavailable, largest_against_null, leave_one_out_sd, measured
 
 COLUMN = "null_random_cos2"
 
 
 @dataclass(frozen=True)
-class ShareExtremes:
+class ShareExtremes(LargestOfSites):
     """The sign-invariant largest-of-sites statistic of the runs' mean cos^2 along 1, and each site's share with its
     percentile among random directions (seed level)."""
     z: dict[tuple, float]  # Z(s), per site in site order
@@ -43,14 +43,6 @@ class ShareExtremes:
     percentile: dict[tuple, float]  # of S(s) among the directions' S_j(s), percent
     null_median: dict[tuple, float]  # the median over directions of S_j(s)
     steps: set[int]
-
-    @property
-    def z_max(self) -> float:
-        return self.z[self.site]
-
-    @property
-    def sites(self) -> int:
-        return len(self.z)
 
 
 def stouffer_z(targets: np.ndarray, null: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
