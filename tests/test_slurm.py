@@ -154,6 +154,8 @@ def test_each_time_limit_requeues_the_job_which_resumes_where_it_stopped(prepare
 
     wait(resumed_twice, 480, "two requeues at the time limit")
     assert int(job_info(job)["Restarts"]) == 2
+    second = int(re.findall(resume, log.read_text())[1])
+    wait(lambda: len(losses(run)) > second, 120, "a step trained after the second resume")  # then cancel it
     subprocess.run(["scancel", job], check=True)
     wait(lambda: state(job) == "", 120, "the job to end")
 
