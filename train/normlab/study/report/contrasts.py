@@ -90,9 +90,11 @@ def factorial(group: Group) -> dict[str, Contrast]:
 
 def group_family(group: Group, primary: str | None) -> list[Contrast]:
     """The group's comparisons: the factorial's effects (where its 2x2 is complete) and every declared pair, a
-    simple centring effect of the 2x2 with the factorial's pooled variance, any other by a paired t."""
+    simple centring effect of the 2x2 with the factorial's pooled variance, any other by a paired t. In a group of
+    branches the primary centring contrast is its uncentred − centred pair (the 2x2's bias is not varied there)."""
     effects = factorial(group)
     family = [replace(c, primary=name == primary) for name, c in effects.items() if name in EFFECTS]
+    branch_primary = group.branch_step is not None and primary == "centring"  # a branch group: uncentred − centred
     for comparison in group.comparisons:
         simple = effects.get(f"centring {'with' if comparison.bias else 'without'} bias") if (
             comparison.centring and comparison.bias is not None) else None
@@ -100,7 +102,7 @@ def group_family(group: Group, primary: str | None) -> list[Contrast]:
             family.append(replace(simple, label=comparison.label, comparison=comparison))
         else:
             family.append(Contrast(comparison.label, group, comparison.differences, comparison.interval, "paired t",
-                                   comparison=comparison))
+                                   comparison=comparison, primary=branch_primary and comparison.centring))
     return family
 
 

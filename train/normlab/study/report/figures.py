@@ -29,6 +29,7 @@ from normlab.probe.figure import (
 )
 from normlab.probe.profiles import ROLE_TICKS, profile, runs_text, site_key, site_sort
 from normlab.probe.table import REFERENCES
+from normlab.study.report.branches import differences_from_k, shares_from_k
 from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
@@ -295,6 +296,58 @@ def loss_differences_figure(group: Group) -> Figure | None:
     return fig
 
 
+ROLE_LEGENDS = {"": "the centring's work", "control": "the control: rounding alone",
+                "restart": "what the restart costs"}  # a branch group's comparisons (groups.BRANCH_ROLES)
+
+
+def branch_figure(group: Group) -> Figure | None:
+    """A group of branches from its step K (branches.py): left, each comparison's mean paired difference of
+    validation loss with its pointwise t band over the seeds (in the colour of the arm it subtracts from), the
+    control's the floor of rounding; right, each arm's
+    share of ||x||^2 along 1 at the norm inputs (mean over the sites, and the largest site's), beside a random
+    direction's median share. None for any other group."""
+    if group.branch_step is None or not group.comparisons:
+        return None
+    styles = norm_styles(group.series() or [AngleSeries(group.label(a), [], style=a.style) for a in group.arms()])
+    fig, (loss, share) = plt.subplots(1, 2, figsize=(7.2, 3.2), layout="constrained")
+    for comparison in group.comparisons:
+        found = differences_from_k(comparison)
+        if not found:
+            continue
+        steps, intervals = [d.step for d in found], [d.interval for d in found]
+        color = styles[comparison.other].color if comparison.other in styles else "black"  # as in the right panel
+        loss.plot(steps, [i.mean for i in intervals], color=color, lw=1.1,
+                  label=f"{comparison.other} − {comparison.base}: {ROLE_LEGENDS[comparison.role]}")
+        if all(i.low is not None for i in intervals):
+            loss.fill_between(steps, [i.low for i in intervals], [i.high for i in intervals], color=color, alpha=0.15,
+                              lw=0)
+    loss.axhline(0, color="black", lw=0.6)
+    loss.set(title="validation loss, paired by source and seed:\nmean, band: t 95% over the seeds at each step",
+             ylabel="difference (nats/token)")
+    null_drawn = False
+    for series in group.series():
+        found = shares_from_k(series, group.branch_step)
+        if not found:
+            continue
+        steps, color = [s.step for s in found], styles[series.norm].color
+        share.plot(steps, [s.mean_share for s in found], color=color, lw=1.1, marker="o", ms=2.5,
+                   label=f"{series.norm}: mean over the norm inputs")
+        share.plot(steps, [s.largest for s in found], color=color, lw=0.7, ls="--",
+                   label=f"{series.norm}: the largest site")
+        medians = [(s.step, s.null_median) for s in found if s.null_median is not None]
+        if medians and not null_drawn:
+            share.plot(*zip(*medians), color="black", ls=":", lw=0.9, label="a random direction: median share")
+            null_drawn = True
+    share.set(title="share of ‖x‖² along 1 at the norm inputs\n(seed means)", ylabel="mean cos² along 1")
+    for ax in (loss, share):
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_formatter(FuncFormatter(thousands))
+    legend_below(fig, [loss, share], ncols=2)
+    fig.suptitle(f"{group.title}: the branches from step {group.branch_step:,} on")
+    return fig
+
+
 def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     """normlab-ablate's change of loss per norm site (and all at once), with its CI, every norm and seed overlaid
     (colour: norm, marker: the norm's k-th seed); None without ablation rows."""
@@ -333,7 +386,8 @@ def draw_group(group: Group, out: Path) -> list[str]:
                f"angles_by_layer_{group.slug}": angles_by_layer_figure(group.title, series),
                f"references_{group.slug}": references_figure(group.title, series),
                f"angles_training_{group.slug}": angles_training_figure(group.title, series),
-               f"ablation_{group.slug}": ablation_figure(group.title, series)}
+               f"ablation_{group.slug}": ablation_figure(group.title, series),
+               f"branch_{group.slug}": branch_figure(group)}
     return [f for f in (save(fig, out, name) for name, fig in figures.items()) if f]
 
 

@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from normlab.common.run_identity import identifies_the_run
@@ -16,7 +16,7 @@ from normlab.probe.figure import AngleSeries
 from normlab.probe.profiles import last_step
 from normlab.probe.table import AnalysisError
 from normlab.study.report.intervals import Interval
-from normlab.study.report.runs import LEARNED_MARGIN, Arm, Run
+from normlab.study.report.runs import CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, continuing_sources
 from normlab.training.run_config import flat
 
 if TYPE_CHECKING:
@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 LAYER_SETTINGS = "norm.layer."  # the layer's own: eps for a norm, alpha_init for DyT
 NORM_CHOICES = ("_target_", "bias")  # of the layer's settings, those that tell the norms of a group apart
-PAIRING_KEYS = ("seed", "data.seed")
+PAIRING_KEYS = ("seed", "data.seed", "branch.source")  # the source: a branch's pairing (Run.pairing), not its group
+ARM_KEYS = ("branch.zero_mean_writers",)  # part of the arm a run is (runs.CONTROL), not of its group
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def comparison_settings(config: dict) -> dict:
     run_dir = str(config.get("run_dir") or "\0")
     settings = {}
     for key, value in flat(config).items():
-        if not identifies_the_run(key) or key in PAIRING_KEYS:
+        if not identifies_the_run(key) or key in PAIRING_KEYS or key in ARM_KEYS:
             continue
         if key.startswith("norm.") and (not key.startswith(LAYER_SETTINGS) or key.rsplit(".", 1)[-1] in NORM_CHOICES):
             continue
@@ -60,6 +61,12 @@ def comparison_settings(config: dict) -> dict:
     settings["sequences per optimizer step"] = config.get("global_batch_size") or (
         (data.get("batch_size") or 0) * devices[0] * devices[1])
     return settings
+
+
+BRANCH_ROLES = {  # a branch group's comparisons beside the centring's (docs/branch.md): what each measures
+    "control": "the control: the LayerNorm function in an RMSNorm model, so only float rounding through training",
+    "restart": "the branch's fresh optimizer against its source continuing with its own: what the restart costs",
+}
 
 
 @dataclass
@@ -73,11 +80,12 @@ class Comparison:
     other_traits: "Traits"
     pairs: list[tuple[Run, Run]]  # (base, other)
     tuned: dict[str, tuple] = field(default_factory=dict)  # a tuned setting the norms differ in: (base's, other's)
+    role: str = ""  # of a branch group (BRANCH_ROLES): what `other` − `base` measures there; "" the norms' difference
 
     @property
     def centring(self) -> bool:
         base, other = self.base_traits, self.other_traits
-        return base.centring_pair and other.centring_pair and base.centres and not other.centres
+        return not self.role and base.centring_pair and other.centring_pair and base.centres and not other.centres
 
     @property
     def bias(self) -> bool | None:  # None: the two norms differ in the bias too
@@ -92,6 +100,8 @@ class Comparison:
 
     @property
     def label(self) -> str:
+        if self.role:
+            return f"{self.other} − {self.base} ({BRANCH_ROLES[self.role]})"
         tuned = "".join(f"; each at its tuned {k}: {base} and {other}" for k, (base, other) in self.tuned.items())
         if self.centring:
             bias = "the bias differs too" if self.bias is None else "with bias" if self.bias else "without bias"
@@ -164,6 +174,11 @@ class Group:
         return self.runs[0].model
 
     @property
+    def branch_step(self) -> int | None:
+        """K, where the group's runs are branches of step K (docs/branch.md); else None."""
+        return self.settings.get("branch.step")
+
+    @property
     def unigram_loss(self) -> float | None:
         """The held-out split's unigram cross-entropy under the training split's token frequencies (nats/token): a
         run whose final validation loss is not clearly below it learned token frequencies and nothing else."""
@@ -182,7 +197,8 @@ class Group:
         namesakes = [a.settings for a in self.arms() if a.name == arm.name]
         differing = sorted({k for s in namesakes for k in s if k != "_partial_"
                             and any(o.get(k, "absent") != s.get(k, "absent") for o in namesakes)})
-        return " ".join([arm.name, *(f"{k}={arm.settings.get(k, 'absent')}" for k in differing)])
+        label = " ".join([arm.name, *(f"{k}={arm.settings.get(k, 'absent')}" for k in differing)])
+        return f"{label} ({arm.variant})" if arm.variant else label
 
     def compared(self, arm: Arm) -> list[Run]:
         return [r for r in self.runs if r.norm == arm and not r.left_out]
@@ -215,7 +231,9 @@ class Group:
             else:
                 kept[run.pairing] = run
         ordered = [a for a in self.arms() if arms[a]]
-        if declared.pairs:
+        if self.branch_step is not None:
+            self.pair_branches(ordered, arms)
+        elif declared.pairs:
             for first, second in declared.pairs:
                 for base, other in [(b, o) for b in ordered for o in ordered if (b.name, o.name) == (first, second)]:
                     self.compare(base, other, arms)
@@ -244,7 +262,21 @@ class Group:
         for base, other in matched:
             self.compare(self.cells[base], self.cells[other], arms)
 
-    def compare(self, base: Arm, other: Arm, arms: dict[Arm, dict[tuple, Run]]) -> None:
+    def pair_branches(self, ordered: list[Arm], arms: dict[Arm, dict[tuple, Run]]) -> None:
+        """The branches of one step K, paired by source and seed: the converted arm against the branch of its
+        LayerNorm source's own norm (the centring's work from K on, as the 2x2 pairs it), the zero-mean-writers
+        control against that branch (BRANCH_ROLES: rounding alone) and each branch of a source's own norm against
+        its source continuing (what the optimizer's restart costs)."""
+        trained = [a for a in ordered if not a.variant]
+        self.pair_centring(trained, arms)
+        for arm in [a for a in ordered if a.variant == CONTROL]:
+            if (centred := self.cells.get((True, arm.traits.bias))) is not None:
+                self.compare(centred, arm, arms, "control")
+        for source in [a for a in ordered if a.variant == CONTINUING]:
+            for kept in [a for a in trained if replace(a, variant=CONTINUING) == source]:
+                self.compare(source, kept, arms, "restart")
+
+    def compare(self, base: Arm, other: Arm, arms: dict[Arm, dict[tuple, Run]], role: str = "") -> None:
         common = sorted(arms[base].keys() & arms[other].keys())
         if common:
             pairs = [(arms[base][p], arms[other][p]) for p in common]
@@ -252,7 +284,7 @@ class Group:
             tuned = {k: (settings[0].get(k), settings[1].get(k)) for k in self.tuned
                      if settings[0].get(k) != settings[1].get(k)}
             self.comparisons.append(Comparison(self.label(base), self.label(other), base.traits, other.traits, pairs,
-                                               tuned))
+                                               tuned, role))
 
 
 def join_layers(groups: list[Group]) -> list[Group]:
@@ -284,6 +316,9 @@ def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
         key = json.dumps(settings, sort_keys=True, default=str)
         by_settings.setdefault(key, Group(settings, [])).runs.append(run)
     groups = sorted(join_layers(list(by_settings.values())), key=lambda g: (g.model, g.runs[0].name))
+    for group in groups:
+        if group.branch_step is not None:
+            group.runs += continuing_sources(group.runs)
     for group in groups:
         others = [g.settings for g in groups if g is not group and g.model == group.model]  # the title names it
         differing = sorted(

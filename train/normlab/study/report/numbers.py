@@ -1,11 +1,14 @@
 """The report's numbers as CSV beside summary.md, so that anyone can audit it without rerunning: every run (runs.csv),
 every comparison of the family (comparisons.csv), the angle to 1 and its null at every norm site of every compared
 run and pretrained model at its last measured step (angles_by_site.csv: the uniform reference, all positions), and
-every ablation row (ablations.csv)."""
+every ablation row (ablations.csv); for groups of branches, every comparison's paired difference at every validation
+from K (branch_losses.csv) and every arm's share along 1 at every measured step from K (branch_shares.csv)."""
 
 import csv
 from pathlib import Path
 
+from normlab.probe.profiles import site_tick
+from normlab.study.report.branches import differences_from_k, shares_from_k
 from normlab.study.report.contrasts import Contrast, sign_along_training
 from normlab.study.report.groups import Group, last_rows
 from normlab.study.report.pretrained import Pretrained
@@ -59,6 +62,20 @@ def ablation_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dic
             for group, norm, run, seed, rows in measured for row in rows]
 
 
+def branch_loss_rows(groups: list[Group]) -> list[dict]:
+    return [{"group": g.title, "branch_step": g.branch_step, "comparison": c.label, "step": d.step, "seeds": i.n,
+             "per_seed": " ".join(f"{v:.6f}" for v in d.per_seed), "mean": i.mean, "ci_low": i.low, "ci_high": i.high}
+            for g in groups if g.branch_step is not None for c in g.comparisons
+            for d in differences_from_k(c) for i in [d.interval]]
+
+
+def branch_share_rows(groups: list[Group]) -> list[dict]:
+    return [{"group": g.title, "branch_step": g.branch_step, "arm": s.norm, "step": x.step, "runs": x.runs,
+             "mean_share": x.mean_share, "largest_site": site_tick(x.site), "largest_share": x.largest,
+             "percentile": x.percentile, "null_median_share": x.null_median, "z": x.z, "p_max": x.p_max}
+            for g in groups if g.branch_step is not None for s in g.series() for x in shares_from_k(s, g.branch_step)]
+
+
 def write_numbers(folder: Path, groups: list[Group], pretrained: list[Pretrained],
                   members: list[Contrast]) -> list[str]:
     """The four CSVs into `folder`; their names."""
@@ -72,6 +89,12 @@ def write_numbers(folder: Path, groups: list[Group], pretrained: list[Pretrained
         "angles_by_site.csv": (identity + list(ANGLE_COLUMNS), angle_rows(groups, pretrained)),
         "ablations.csv": (identity + list(ABLATION_COLUMNS), ablation_rows(groups, pretrained)),
     }
+    if any(g.branch_step is not None for g in groups):  # groups of branches (docs/branch.md), from their step K
+        tables["branch_losses.csv"] = (["group", "branch_step", "comparison", "step", "seeds", "per_seed", "mean",
+                                        "ci_low", "ci_high"], branch_loss_rows(groups))
+        tables["branch_shares.csv"] = (["group", "branch_step", "arm", "step", "runs", "mean_share", "largest_site",
+                                        "largest_share", "percentile", "null_median_share", "z", "p_max"],
+                                       branch_share_rows(groups))
     for name, (columns, rows) in tables.items():
         write(folder / name, columns, rows)
     return list(tables)

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from normlab.model.norms import Traits
 
 
+# The arms of a branch group (docs/branch.md) beside the norms as they train from step K
+CONTROL = "zero-mean writers"  # branch.zero_mean_writers: the LayerNorm function in an RMSNorm model
+CONTINUING = "source, continuing"  # the source run, continuing past K with its own optimizer state
+
+
 @dataclass(frozen=True)
 class Arm:
     """A norm as the report compares it: its identity, the norm's name and its layer's settings (norm.name and
@@ -36,6 +41,7 @@ class Arm:
     traits: "Traits" = field(compare=False)
     style: dict | None = field(default=None, compare=False, hash=False)
     sites: str = "{}"  # norm.sites less what equals norm.layer's, as JSON: {"mlp": {"alpha_init": 0.05}}
+    variant: str = ""  # of a branch group: CONTROL, or CONTINUING (its source); "" for the norm as it trains
 
     @property
     def settings(self) -> dict:
@@ -46,7 +52,8 @@ class Arm:
     @property
     def order(self) -> tuple:  # the 2x2: layernorm, rmsnorm_bias, layernorm_nobias, rmsnorm; then the others (dyt)
         t = self.traits
-        return (not t.centring_pair, not t.normalizes, not t.bias, not t.centres, self.name, self.layer)
+        return (not t.centring_pair, not t.normalizes, not t.bias, not t.centres, self.name, self.layer,
+                self.variant != CONTINUING, self.variant)
 
 
 @functools.cache
@@ -72,8 +79,8 @@ def layer_traits(layer: str) -> "Traits":
                             f"({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
 
 
-def arm_of(config: dict, path: Path) -> Arm:
-    """The norm of a run's config (`path`, its config.yaml)."""
+def arm_of(config: dict, path: Path, role: str = "") -> Arm:
+    """The norm of a run's config (`path`, its config.yaml); `role`: CONTINUING for a branch's source."""
     norm = config["norm"]
     settings = norm.get("layer") or {}
     layer = json.dumps(settings, sort_keys=True, default=str)
@@ -83,7 +90,8 @@ def arm_of(config: dict, path: Path) -> Arm:
         raise AnalysisError(f"{path}: {e}") from None
     sites = {kind: differing for kind, given in (norm.get("sites") or {}).items()
              if (differing := {k: v for k, v in given.items() if settings.get(k) != v})}
-    return Arm(str(norm["name"]), layer, traits, norm.get("style") or None, json.dumps(sites, sort_keys=True))
+    variant = role or (CONTROL if (config.get("branch") or {}).get("zero_mean_writers") else "")
+    return Arm(str(norm["name"]), layer, traits, norm.get("style") or None, json.dumps(sites, sort_keys=True), variant)
 
 
 INT_COLUMNS = {"step", "layer", "count", "d", "seed", "windows", "tokens", "null_directions", "resampling_units"}
@@ -236,6 +244,7 @@ class Run:
     saved_step: int | None = None  # the highest step of its checkpoints (None: none, e.g. a copy of its tables)
     nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metrics.csv: column -> steps not finite
     unigram_loss: float | None = None  # its data's held-out unigram cross-entropy (data/unigram.py): the learning check
+    role: str = ""  # CONTINUING: a branch's source, read into the branch's group (continuing_sources)
 
     @property
     def model(self) -> str:
@@ -243,16 +252,25 @@ class Run:
 
     @functools.cached_property
     def norm(self) -> Arm:
-        return arm_of(self.config, self.dir / "config.yaml")
+        return arm_of(self.config, self.dir / "config.yaml", self.role)
 
     @property
     def seed(self) -> int:
         return self.config["seed"]
 
     @property
+    def branch_source(self) -> Path | None:
+        """The run a branch started from (branch.source), None for a run that is no branch."""
+        source = (self.config.get("branch") or {}).get("source")
+        return Path(str(source)) if source else None
+
+    @property
     def pairing(self) -> tuple:
-        """Runs of one group with equal pairing start from the same weights and see the same batches."""
-        return self.seed, (self.config.get("data") or {}).get("seed", self.seed)
+        """Runs of one group with equal pairing start from the same weights and see the same batches: the seeds,
+        and for a branch the run it started from (for its source continuing: itself)."""
+        seeds = self.seed, (self.config.get("data") or {}).get("seed", self.seed)
+        source = self.dir if self.role == CONTINUING else self.branch_source
+        return seeds + ((str(source.resolve()),) if source else ())
 
     @property
     def max_steps(self) -> int | None:
@@ -313,8 +331,8 @@ def unigram_loss(data_dir: str) -> float | None:
     return held_out_loss(Path(data_dir))
 
 
-def load_run(run_dir: Path, name: str) -> Run:
-    run = Run(run_dir, name, read_config(run_dir / "config.yaml"), saved_step=saved_step(run_dir))
+def load_run(run_dir: Path, name: str, role: str = "") -> Run:
+    run = Run(run_dir, name, read_config(run_dir / "config.yaml"), saved_step=saved_step(run_dir), role=role)
     if data_dir := (run.config.get("data") or {}).get("dir"):
         run.unigram_loss = unigram_loss(str(data_dir))
     try:
@@ -357,6 +375,22 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
     common = Path(os.path.commonpath([d.resolve() for d in dirs])) if len(dirs) > 1 else None
     runs = [load_run(d, str(d.resolve().relative_to(common)) if common else d.resolve().name) for d in dirs]
     return runs, sorted(replaced)
+
+
+def continuing_sources(branches: list[Run]) -> list[Run]:
+    """The source of each branch among `branches` as a run of its own (role CONTINUING), read anew for their group:
+    the source continuing past K with its own optimizer state, against which the branch of its own norm measures
+    what the restart costs. A branch whose source is not there (moved, or on another machine) says so."""
+    found: dict[str, Run] = {}
+    for run in branches:
+        source = run.branch_source
+        if source is None or str(source.resolve()) in found:
+            continue
+        if (source / "metrics.csv").is_file() and (source / "config.yaml").is_file():
+            found[str(source.resolve())] = load_run(source, f"{source.name} (source)", CONTINUING)
+        else:
+            run.note = f"its source {source} is not there (no metrics.csv): not compared with its source continuing"
+    return list(found.values())
 
 
 def untrained_runs(paths: list[Path]) -> list[tuple[Path, str]]:

@@ -9,6 +9,7 @@ import statistics
 from omegaconf import OmegaConf
 
 from normlab.probe.profiles import profile, runs_text, site_sort, site_tick, step_text
+from normlab.study.report.branches import branch_section
 from normlab.study.report.contrasts import Contrast, complete_blocks, sign_along_training
 from normlab.study.report.groups import Group, Series
 from normlab.study.report.intervals import Interval
@@ -189,6 +190,7 @@ def group_section(group: Group, parameters: dict, members: list[Contrast]) -> st
         text.append(f"*{DEMO_NOTE}.*\n")
     text += ["### Runs\n", runs_table(group, parameters), final_loss_note(group),
              "### Final validation loss, paired by seed\n", comparison_table(group, members)]
+    text += branch_section(group)
     if table := factorial_table(group, members):
         text += ["### Centring × bias, paired by seed\n", table]
     if table := evaluation_table(group):

@@ -146,7 +146,7 @@ def replacements(comparisons: list[Comparison]) -> str:
     compared with ('' where there is none): what the loss columns hold beside uncentred − centred."""
     against: dict[str, list[str]] = defaultdict(list)
     for c in comparisons:
-        if not c.centring and c.other not in against[c.base]:
+        if not c.centring and not c.role and c.other not in against[c.base]:
             against[c.base].append(c.other)
     shown = "; ".join(f"{', '.join(others)}: − {base}" for base, others in against.items())
     return f" ({shown})" if shown else ""
@@ -318,10 +318,18 @@ def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
                      f"{without} none), so the difference is not the centring's alone. The sweep "
                      "norm=layernorm,rmsnorm,layernorm_nobias,rmsnorm_bias separates the two (its centring × bias "
                      "table below the verdict).")
-    if replaced := sorted({c.label for g in groups for c in g.comparisons if not c.centring}):
+    if replaced := sorted({c.label for g in groups for c in g.comparisons if not c.centring and not c.role}):
         notes.append(f"{'; '.join(replaced)}: one norm in place of another, so the loss cell can support a difference "
                      "in everything the norm does (whether their mean final loss over seeds differs, at this size and "
                      "step), not the centring's effect, which only the uncentred − centred rows measure.")
+    if steps := sorted({g.branch_step for g in groups if g.branch_step is not None}):
+        notes.append(f"Branches of step{'s' * (len(steps) > 1)} {', '.join(f'{k:,}' for k in steps)} (docs/branch.md): "
+                     "each arm starts at step K from its source's checkpoint of K, computing the source's function, "
+                     "with a fresh optimizer and the source's batches and schedule from K on. Uncentred − centred "
+                     "is the centring's work from K on; the control computes the LayerNorm function in an RMSNorm "
+                     "model, so its distance from the LayerNorm branch is float rounding through training, the floor "
+                     "for the first; the LayerNorm branch − its source continuing is what restarting the optimizer "
+                     "costs, which every arm pays alike.")
     if pointwise := pointwise_layers(groups):
         notes.append(f"{', '.join(pointwise)}: no norm, a point-wise layer (it divides its input by no statistic of "
                      "it); its ablation centres its inputs before its point-wise map.")

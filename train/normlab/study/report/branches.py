@@ -1,0 +1,136 @@
+"""A group of branches (docs/branch.md) over the rest of training, from its step K on: each comparison's paired
+difference of validation loss at every validation, with its t interval over the seeds (pointwise: at each step alone;
+the final one is in the report's family), and each arm's share of ||x||^2 along 1 at the norm inputs at every
+measured step (does the uncentred branch grow a 1-component once nothing removes it, and how fast), placed among
+random directions' shares with the sign-invariant largest-of-sites statistic (probe.shares)."""
+
+import statistics
+from dataclasses import dataclass
+
+from normlab.probe.extremes import Unavailable
+from normlab.probe.profiles import profile, site_tick
+from normlab.probe.shares import share_extremes
+from normlab.study.report.groups import Comparison, Group, Series
+from normlab.study.report.intervals import Interval
+
+POINTWISE = ("t 95% interval over the seeds at each step alone, not corrected for the steps; the final loss (the mean "
+             "of the last validations) is the one in the report's family")
+
+
+@dataclass(frozen=True)
+class StepDifference:
+    """A comparison's paired difference of validation loss at one step (optimizer steps done)."""
+    step: int
+    per_seed: list[float]
+
+    @property
+    def interval(self) -> Interval:
+        return Interval.of(self.per_seed)
+
+
+def differences_from_k(comparison: Comparison) -> list[StepDifference]:
+    """At every validation step all of its runs logged (a branch logs from K on), the paired differences."""
+    steps, differences = comparison.validation_differences()
+    return [StepDifference(step, [pair[i] for pair in differences]) for i, step in enumerate(steps)]
+
+
+@dataclass(frozen=True)
+class StepShare:
+    """An arm's share of ||x||^2 along 1 at the norm inputs at one measured step: over the sites and seeds, and
+    at the site where it is largest, with where that share stands among random directions' shares there."""
+    step: int
+    runs: int
+    mean_share: float  # the mean over the sites of the seeds' mean share
+    site: tuple  # the site of the largest share
+    largest: float
+    percentile: float | None  # of `largest` among random directions' shares at that site (None: not measured)
+    null_median: float | None  # the median random direction's share, averaged over the sites
+    z: float | None  # the sign-invariant statistic's largest |Z| of the sites, signed
+    p_max: float | None  # its p against the largest of random directions'
+
+    def share_text(self) -> str:
+        placed = f", percentile {self.percentile:.1f} among random directions'" if self.percentile is not None else ""
+        return f"{self.largest:.4f} ({site_tick(self.site)}{placed})"
+
+    def statistic_text(self) -> str:
+        return "—" if self.z is None else f"{self.z:+.1f}, p {self.p_max:.3f}"
+
+
+def shares_from_k(series: Series, k: int) -> list[StepShare]:
+    """The arm's StepShare at every step its runs measured from K on."""
+    found = []
+    for step in sorted({r["step"] for rows in series.angles for r in rows if r["step"] >= k}):
+        points = profile(series.angles, "input", "uniform", step)
+        if not points:
+            continue
+        site, point = max(points.items(), key=lambda item: item[1].share)
+        shares = share_extremes(series.angles, series.labels, step=step)
+        measured = not isinstance(shares, Unavailable)
+        found.append(StepShare(
+            step, max(p.runs for p in points.values()), statistics.fmean(p.share for p in points.values()), site,
+            point.share, shares.percentile.get(site) if measured else None,
+            statistics.fmean(shares.null_median.values()) if measured else None,
+            shares.z[shares.site] if measured else None, shares.p_max if measured else None))
+    return found
+
+
+def first_standing_out(found: list[StepShare]) -> str:
+    """When an arm's share along 1 first stood out from random directions' (p <= 0.05 for the largest of the
+    sites), and whether it stayed so."""
+    if not found or any(s.p_max is None for s in found):
+        return "not measured against random directions"
+    out = [s.step for s in found if s.p_max <= 0.05]
+    if not out:
+        return f"at no measured step ({found[0].step:,}-{found[-1].step:,}) beyond random directions"
+    stayed = all(s.p_max <= 0.05 for s in found if s.step >= out[0])
+    return f"beyond random directions from step {out[0]:,}" + (" on" if stayed else ", not at every step after it")
+
+
+def difference_table(group: Group) -> str:
+    """Per validation step from K, each comparison's mean paired difference and its pointwise interval."""
+    found = [(c, {d.step: d for d in differences_from_k(c)}) for c in group.comparisons]
+    steps = sorted({s for _, by_step in found for s in by_step})
+    if not steps:
+        return ""
+    header = " | ".join(f"{c.other} − {c.base}" for c, _ in found)
+    lines = [f"| step | {header} |", "|---:" + "|---" * len(found) + "|"]
+    for step in steps:
+        cells = [by_step[step].interval.text() if step in by_step else "—" for _, by_step in found]
+        lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nMean paired difference of validation loss (nats/token) [{POINTWISE}].\n"
+
+
+def share_table(group: Group) -> str:
+    """Per arm and measured step from K, its share along 1 at the norm inputs (StepShare), and when it first stood
+    out from random directions."""
+    k = group.branch_step or 0
+    lines = ["| arm | step | runs | share along 1, mean over the norm inputs | largest share (site) | random "
+             "direction's median share | sign-invariant largest-of-sites Z, p |", "|---|---:|---:|---:|---|---:|---|"]
+    summary = []
+    for series in group.series():
+        found = shares_from_k(series, k)
+        for s in found:
+            median = "—" if s.null_median is None else f"{s.null_median:.4f}"
+            lines.append(f"| {series.norm} | {s.step:,} | {s.runs} | {s.mean_share:.4f} | {s.share_text()} | "
+                         f"{median} | {s.statistic_text()} |")
+        if found:
+            summary.append(f"- {series.norm}: {first_standing_out(found)}.")
+    if not summary:
+        return ""
+    return ("\n".join(lines) + "\n\nShares are seed means (the probe's held-out tokens at each checkpoint); Z and p: "
+            "each seed's mean cos² along 1 against its own random directions, combined over the seeds, the largest "
+            "of the sites against the largest of each random direction's (docs/report.md). When each arm's share "
+            "first stood out from random directions' (p ≤ 0.05):\n\n" + "\n".join(summary) + "\n")
+
+
+def branch_section(group: Group) -> list[str]:
+    """summary.md's branch subsections of a group of branches ([] for any other group)."""
+    if group.branch_step is None:
+        return []
+    text = []
+    if table := difference_table(group):
+        text += [f"### From step {group.branch_step:,}: paired difference of validation loss at every validation\n",
+                 table]
+    if table := share_table(group):
+        text += [f"### From step {group.branch_step:,}: the share of ‖x‖² along 1 at the norm inputs\n", table]
+    return text
