@@ -80,6 +80,14 @@ def study(root: Path, steps=(4,), angles: bool = False) -> Path:
     return root / "branch"
 
 
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory) -> Path:
+    """The report of a study with K = 4 and 6, its branches' angles planted, written once for the tests below."""
+    root = tmp_path_factory.mktemp("branches")
+    report(f"runs={study(root, steps=(4, 6), angles=True)}", f"out={root / 'out'}")
+    return root
+
+
 def comparison(groups, role: str):
     return next(c for g in groups for c in g.comparisons if c.role == role or (not role and c.centring))
 
@@ -105,18 +113,15 @@ def test_branches_are_paired_by_source_and_seed_with_their_source_continuing(tmp
     assert max(map(abs, control.differences)) == pytest.approx(1e-5)
 
 
-def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_from_k(tmp_path):
-    branches = study(tmp_path, steps=(4, 6))
-    groups = group_runs(find_runs([branches])[0])
+def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_from_k(reported):
+    groups = group_runs(find_runs([reported / "branch"])[0])
     assert [g.branch_step for g in groups] == [4, 6]
     plain = [c.interval for g in groups for c in group_family(g, primary_of(g))]
     members = family(groups)
     assert [m.interval.holm_p for m in members] == pytest.approx([i.holm_p for i in holm(plain)])
     assert len(members) == 6 and sum(m.primary for m in members) == 2  # each K's uncentred − centred
 
-    report(f"runs={branches}", f"out={tmp_path / 'out'}")
-
-    summary = (tmp_path / "out/summary.md").read_text()
+    summary = (reported / "out/summary.md").read_text()
     assert "Primary contrast of tiny (branch.step=4" in summary and "Branches of steps 4, 6" in summary
     section = summary.split("### From step 4: paired difference of validation loss at every validation")[1]
     rows = {int(m[1]): m[2] for m in re.finditer(r"^\| (\d) \| (.*) \|$", section.split("###")[0], re.M)}
@@ -124,30 +129,26 @@ def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_fr
     converted_at = {step: cells.split(" | ")[0] for step, cells in rows.items()}
     assert converted_at[4].startswith("+0.0000 [+0.0000, +0.0000]")  # one function at K
     assert converted_at[6].startswith("+0.0260 [")  # (0.05 + 0.002 seed) / 2, over seeds 0-2
-    with open(tmp_path / "out/branch_losses.csv") as f:
+    with open(reported / "out/branch_losses.csv") as f:
         found = [r for r in csv.DictReader(f) if r["branch_step"] == "6" and r["step"] == "8"]
     assert len(found) == 3 and {r["seeds"] for r in found} == {"3"}
     restart = next(r for r in found if "source, continuing" in r["comparison"])
     assert float(restart["mean"]) == pytest.approx(0.021)
-    assert len(list((tmp_path / "out").glob("branch_*.png"))) == 2  # a figure per K
+    assert len(list((reported / "out").glob("branch_*.png"))) == 2  # a figure per K
 
 
-def test_the_converted_branch_growing_a_1_component_is_found_and_drawn(tmp_path):
-    branches = study(tmp_path, angles=True)
-
-    report(f"runs={branches}", f"out={tmp_path / 'out'}")
-
-    with open(tmp_path / "out/branch_shares.csv") as f:
-        shares = {(r["arm"], int(r["step"])): r for r in csv.DictReader(f)}
+def test_the_converted_branch_growing_a_1_component_is_found_and_drawn(reported):
+    with open(reported / "out/branch_shares.csv") as f:
+        shares = {(r["arm"], int(r["step"])): r for r in csv.DictReader(f) if r["branch_step"] == "4"}
     grown = shares[("rmsnorm_bias", MAX)]
     assert grown["largest_site"] == "1 attn" and float(grown["p_max"]) == pytest.approx(0.01)  # beyond all 99
     assert float(shares[("rmsnorm_bias", 4)]["p_max"]) > 0.05 and float(shares[("layernorm", MAX)]["p_max"]) > 0.05
-    summary = (tmp_path / "out/summary.md").read_text()
+    summary = (reported / "out/summary.md").read_text()
     assert f"- rmsnorm_bias: beyond random directions from step {MAX} on." in summary
     assert "- layernorm: at no measured step (4-8) beyond random directions." in summary
     assert float(grown["mean_share"]) > float(shares[("rmsnorm_bias", 4)]["mean_share"])
 
-    (group,) = group_runs(find_runs([branches])[0])
+    group = group_runs(find_runs([reported / "branch"])[0])[0]
     family([group])
     with plt.rc_context(STYLE):
         fig = branch_figure(group)
