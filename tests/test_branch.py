@@ -1,9 +1,12 @@
 """Branches (training/branch.py, docs/branch.md) on cases whose answer is known: a branch of step K computes its
 source's step-K function (kept, converted, or the zero-mean-writers control), sees the source's batches from K on,
 keeps the source's step-K validation loss when its learning rate is 0, and the control tracks the LayerNorm branch to
-float rounding (float64); what cannot be branched is one line. Real runs: the session's FAST_TRAIN sweep as sources."""
+float rounding (float64); a `-m` sweep of arms and steps, and a branch stopped by SIGTERM resumes to the end of the
+uninterrupted one; what cannot be branched is one line. Real runs: the session's FAST_TRAIN sweep as sources, and a
+longer one (14 steps) where a branch needs steps to follow."""
 
 import itertools
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,15 +14,26 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback
 
-from conftest import FAST_TRAIN, compose_config, run_cli, run_of
+from conftest import FAST_TRAIN, compose_config, run_cli, run_of, start_cli
 from normlab.common.errors import ConfigError
 from normlab.interop.export import ExportError, hugging_face
 from normlab.training.checkpoint_files import read_checkpoint
 from normlab.training.loader import load_model
 from normlab.training.pipeline import train
+from test_faults import final_weights, finish, logged_steps, metrics, resumed_step, wait_for
 
 K = 4
 ARMS = {"layernorm": [], "rmsnorm_bias": [], "control": ["norm=rmsnorm_bias", "branch.zero_mean_writers=true"]}
+LONGER = ["trainer.max_steps=14", "checkpoints.sparse_every=14"]  # checkpoints at 0, 2, 4, then 14
+
+
+@pytest.fixture(scope="module")
+def longer(prepared, tmp_path_factory) -> Path:
+    """A LayerNorm source of 14 FAST_TRAIN steps (float32)."""
+    source = tmp_path_factory.mktemp("longer") / "source"
+    result = run_cli("normlab-train", *FAST_TRAIN, *LONGER, f"run_dir={source}")
+    assert result.returncode == 0, result.stderr
+    return source
 
 
 def branch_config(tmp_path: Path, source: Path, arm: str, *extra: str, step: int = K):
@@ -87,20 +101,42 @@ def test_with_a_learning_rate_of_0_every_arm_keeps_the_sources_step_k_loss(sweep
         assert all(loss == pytest.approx(val_losses(source)[K], abs=1e-4) for loss in losses.values()), arm
 
 
-def test_the_zero_mean_writers_control_tracks_the_layernorm_branch_in_float64(sweep, tmp_path):
+def test_the_zero_mean_writers_control_tracks_the_layernorm_branch_in_float64(longer, tmp_path):
     """Its gradients with respect to the raw weights are the LayerNorm model's, and the optimizer starts afresh for
     both: over the steps after K their losses agree to float64 rounding, where the free RMSNorm branch's do not."""
-    steps = ["trainer.max_steps=14", "checkpoints.sparse_every=14"]
-    source = run_cli("normlab-train", *FAST_TRAIN, *steps, f"run_dir={tmp_path / 'source'}")  # float32
-    assert source.returncode == 0, source.stderr
     losses = {}
     for arm in ARMS:
-        train(branch_config(tmp_path, tmp_path / "source", arm, *steps, "trainer.precision=64-true"))
+        train(branch_config(tmp_path, longer, arm, *LONGER, "trainer.precision=64-true"))
         losses[arm] = val_losses(tmp_path / arm)
     after = [s for s in losses["layernorm"] if s > K]
     assert len(after) == 5
     assert max(abs(losses["control"][s] - losses["layernorm"][s]) for s in after) < 1e-6
     assert max(abs(losses["rmsnorm_bias"][s] - losses["layernorm"][s]) for s in after) > 1e-4
+
+
+def test_a_sweep_of_arms_and_steps_and_a_branch_stopped_by_sigterm_resumes_to_the_same_end(longer, tmp_path):
+    """`-m norm=layernorm,rmsnorm_bias branch.step=2,4`: four branches, each from its step to the end. The converted
+    branch of step 2 started again and stopped by SIGTERM mid-run: exit 143, its step saved; the same command resumes
+    from that step and ends as the sweep's: metrics.csv row for row, the final weights bit for bit."""
+    branch = [*FAST_TRAIN, *LONGER, f"branch.source={longer}"]
+    result = run_cli("normlab-train", "-m", *branch, "norm=layernorm,rmsnorm_bias", "branch.step=2,4",
+                     f"paths.output_dir={tmp_path}", "experiment_name=b", "run_name=${norm.name}-K${branch.step}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for arm, k in itertools.product(("layernorm", "rmsnorm_bias"), (2, 4)):
+        assert sorted(val_losses(tmp_path / "b" / f"{arm}-K{k}")) == list(range(k, 15, 2)), (arm, k)
+
+    stopped = tmp_path / "stopped"
+    command = [*branch, "norm=rmsnorm_bias", "branch.step=2", f"run_dir={stopped}"]
+    process = start_cli("normlab-train", *command)
+    assert wait_for(process, lambda: logged_steps(stopped) >= 3)  # steps 3-5 of 14
+    process.send_signal(signal.SIGTERM)
+    finish(process, 128 + signal.SIGTERM)
+    at = logged_steps(stopped) + 2  # rows from step K = 2 on
+    err = finish(start_cli("normlab-train", *command))
+    assert resumed_step(err, stopped) == at and 2 < at < 14
+    assert metrics(stopped) == metrics(tmp_path / "b" / "rmsnorm_bias-K2")  # every step once, the same losses
+    reference, weights = final_weights(tmp_path / "b" / "rmsnorm_bias-K2"), final_weights(stopped)
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in reference.items())
 
 
 @pytest.mark.parametrize("arm, step, message", [
