@@ -20,7 +20,7 @@ from normlab.interop.export import ExportError, hugging_face
 from normlab.training.checkpoint_files import read_checkpoint
 from normlab.training.loader import load_model
 from normlab.training.pipeline import train
-from test_faults import final_weights, finish, logged_steps, metrics, resumed_step, wait_for
+from test_faults import final_weights, finish, flip_bytes, logged_steps, metrics, resumed_step, wait_for
 
 K = 4
 ARMS = {"layernorm": [], "rmsnorm_bias": [], "control": ["norm=rmsnorm_bias", "branch.zero_mean_writers=true"]}
@@ -132,11 +132,23 @@ def test_a_sweep_of_arms_and_steps_and_a_branch_stopped_by_sigterm_resumes_to_th
     process.send_signal(signal.SIGTERM)
     finish(process, 128 + signal.SIGTERM)
     at = logged_steps(stopped) + 2  # rows from step K = 2 on
-    err = finish(start_cli("normlab-train", *command))
+    moved = longer.with_name("moved")
+    longer.rename(moved)  # the source moved meanwhile: the branch resumes from its own checkpoints
+    try:
+        err = finish(start_cli("normlab-train", *command))
+    finally:
+        moved.rename(longer)
     assert resumed_step(err, stopped) == at and 2 < at < 14
     assert metrics(stopped) == metrics(tmp_path / "b" / "rmsnorm_bias-K2")  # every step once, the same losses
     reference, weights = final_weights(tmp_path / "b" / "rmsnorm_bias-K2"), final_weights(stopped)
     assert all(torch.equal(tensor, weights[name]) for name, tensor in reference.items())
+
+    for checkpoint in (stopped / "checkpoints").glob("*.ckpt"):
+        flip_bytes(checkpoint)  # no intact checkpoint left: never a fresh start at step 0
+    result = run_cli("normlab-train", *command)
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and f"{stopped} has no intact full checkpoint" in last, result.stderr[-3000:]
+    assert last.endswith("restart=true moves this run aside and starts over")  # for a branch: from its source again
 
 
 @pytest.mark.parametrize("arm, step, message", [

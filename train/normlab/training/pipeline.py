@@ -156,7 +156,9 @@ def train(cfg: DictConfig, extra_callbacks=()):
         devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
         datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
         run = build_run_directory(cfg)
-        source = check_branch(cfg)  # a branch's source checkpoint, verified; None for any other run
+        # a branch's source checkpoint, verified, where the branch starts; None for any other run, and for a branch
+        # that resumes from its own checkpoints (its source may since have moved)
+        source = check_branch(cfg) if cfg.restart or not run.holds_checkpoints() else None
         start = partial(start_checkpoint, cfg, module, source) if source else None
         callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values()]  # loads and checks the angle probe set
     except NormlabError:

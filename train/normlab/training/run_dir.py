@@ -132,6 +132,10 @@ class RunDirectory(Checkpoint):
         self.last_saved, self.last_saved_step = None, None  # the last full checkpoint this process wrote, its step
         self.lost_validations: dict[int, Path] = {}  # (rank 0) validations metrics.csv lost -> a checkpoint of them
 
+    def holds_checkpoints(self) -> bool:
+        """Whether the directory holds a checkpoint, which a start (restart=false) resumes from."""
+        return any(self.dir.glob("*.ckpt"))
+
     @staticmethod
     def of(trainer: L.Trainer) -> "RunDirectory | None":
         return next((c for c in trainer.callbacks if isinstance(c, RunDirectory)), None)
@@ -165,7 +169,7 @@ class RunDirectory(Checkpoint):
     def prepare(self, cfg: DictConfig, overrides: list[str], start: Callable[[], dict] | None = None) -> None:
         if cfg.restart:
             self.move_aside()
-        elif any(self.dir.glob("*.ckpt")):
+        elif self.holds_checkpoints():
             check_saved_config(self.path, cfg)
         remove_partial_writes(self.dir)
         remove_partial_writes(self.path)
