@@ -1,8 +1,9 @@
 """A group of branches (docs/branch.md) over the rest of training, from its step K on: each comparison's paired
 difference of validation loss at every validation, with its t interval over the seeds (pointwise: at each step alone;
 the final one is in the report's family), and each arm's share of ||x||^2 along 1 at the norm inputs at every
-measured step (does the uncentred branch grow a 1-component once nothing removes it, and how fast), placed among
-random directions' shares with the sign-invariant largest-of-sites statistic (probe.shares)."""
+measured step, placed among random directions' shares with the sign-invariant largest-of-sites statistic
+(probe.shares): does the uncentred branch grow a 1-component once nothing removes it, and how fast (it starts with
+none, its stream centred by the conversion)?"""
 
 import statistics
 from dataclasses import dataclass
@@ -74,16 +75,27 @@ def shares_from_k(series: Series, k: int) -> list[StepShare]:
     return found
 
 
-def first_standing_out(found: list[StepShare]) -> str:
-    """When an arm's share along 1 first stood out from random directions' (p <= 0.05 for the largest of the
-    sites), and whether it stayed so."""
-    if not found or any(s.p_max is None for s in found):
-        return "not measured against random directions"
-    out = [s.step for s in found if s.p_max <= 0.05]
-    if not out:
-        return f"at no measured step ({found[0].step:,}-{found[-1].step:,}) beyond random directions"
-    stayed = all(s.p_max <= 0.05 for s in found if s.step >= out[0])
-    return f"beyond random directions from step {out[0]:,}" + (" on" if stayed else ", not at every step after it")
+def steps_text(steps: list[int], measured: list[int]) -> str:
+    """'from step 800 on' where `steps` are every measured step from their first, else 'at steps 200, 600'."""
+    if steps == [s for s in measured if s >= steps[0]]:
+        return f"from step {steps[0]:,} on"
+    return f"at step{'s' * (len(steps) > 1)} {', '.join(f'{s:,}' for s in steps)}"
+
+
+def growth_text(found: list[StepShare]) -> str:
+    """How an arm's share along 1 moved from K to the end, against a random direction's, and at which steps it lay
+    beyond random directions' (p <= 0.05 for the largest of the sites), below them (a centred stream) or above."""
+    first, last = found[0], found[-1]
+    text = f"{first.mean_share:.4f} at step {first.step:,}, {last.mean_share:.4f} at step {last.step:,}"
+    if last.null_median is not None:
+        text += f" (a random direction's median share: {last.null_median:.4f})"
+    if any(s.p_max is None for s in found):
+        return text + "; not measured against random directions"
+    measured = [s.step for s in found]
+    beyond = {side: [s.step for s in found if s.p_max <= 0.05 and (s.z > 0) == (side == "above")]
+              for side in ("below", "above")}
+    parts = [f"{side} random directions' {steps_text(steps, measured)}" for side, steps in beyond.items() if steps]
+    return text + "; " + ("; ".join(parts) if parts else "never beyond random directions'")
 
 
 def difference_table(group: Group) -> str:
@@ -101,8 +113,8 @@ def difference_table(group: Group) -> str:
 
 
 def share_table(group: Group) -> str:
-    """Per arm and measured step from K, its share along 1 at the norm inputs (StepShare), and when it first stood
-    out from random directions."""
+    """Per arm and measured step from K, its share along 1 at the norm inputs (StepShare), and how it moved
+    (growth_text)."""
     k = group.branch_step or 0
     lines = ["| arm | step | runs | share along 1, mean over the norm inputs | largest share (site) | random "
              "direction's median share | sign-invariant largest-of-sites Z, p |", "|---|---:|---:|---:|---|---:|---|"]
@@ -114,13 +126,15 @@ def share_table(group: Group) -> str:
             lines.append(f"| {series.norm} | {s.step:,} | {s.runs} | {s.mean_share:.4f} | {s.share_text()} | "
                          f"{median} | {s.statistic_text()} |")
         if found:
-            summary.append(f"- {series.norm}: {first_standing_out(found)}.")
+            summary.append(f"- {series.norm}: {growth_text(found)}.")
     if not summary:
         return ""
     return ("\n".join(lines) + "\n\nShares are seed means (the probe's held-out tokens at each checkpoint); Z and p: "
             "each seed's mean cos² along 1 against its own random directions, combined over the seeds, the largest "
-            "of the sites against the largest of each random direction's (docs/report.md). When each arm's share "
-            "first stood out from random directions' (p ≤ 0.05):\n\n" + "\n".join(summary) + "\n")
+            "of the sites against the largest of each random direction's (docs/report.md). Each arm's share, mean over "
+            "the norm inputs, at K and at the end, and the steps where it lay beyond random directions' (p ≤ 0.05): "
+            "below them (Z < 0: a centred stream holds none) or above them (a 1-component grown):\n\n"
+            + "\n".join(summary) + "\n")
 
 
 def branch_section(group: Group) -> list[str]:

@@ -315,7 +315,8 @@ def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
         settings = {k: v for k, v in comparison_settings(run.config).items() if not declared.is_tuned(k)}
         key = json.dumps(settings, sort_keys=True, default=str)
         by_settings.setdefault(key, Group(settings, [])).runs.append(run)
-    groups = sorted(join_layers(list(by_settings.values())), key=lambda g: (g.model, g.runs[0].name))
+    groups = sorted(join_layers(list(by_settings.values())),
+                    key=lambda g: (g.model, g.branch_step or 0, g.runs[0].name))  # branches by their K
     for group in groups:
         if group.branch_step is not None:
             group.runs += continuing_sources(group.runs)
