@@ -145,8 +145,9 @@ def test_the_converted_branch_growing_a_1_component_is_found_and_drawn(reported)
     assert float(shares[("rmsnorm_bias", 4)]["p_max"]) > 0.05 and float(shares[("layernorm", MAX)]["p_max"]) > 0.05
     summary = (reported / "out/summary.md").read_text()
     (grown_line,) = [line for line in summary.splitlines() if line.startswith("- rmsnorm_bias: ")][:1]
-    assert re.fullmatch(r"- rmsnorm_bias: 0\.\d{4} at step 4, 0\.\d{4} at step 8 \(a random direction's median share: "
-                        r"0\.\d{4}\); above random directions' from step 8 on\.", grown_line), grown_line
+    assert re.fullmatch(r"- rmsnorm_bias: 0\.\d{4} at step 4, 0\.\d{4} at step 8 \(a random direction's median "
+                        r"share: 0\.\d{4}\); its most extreme site above random directions' from step 8 on\.",
+                        grown_line), grown_line
     assert re.search(r"^- layernorm: .*; never beyond random directions'\.$", summary, re.M)
     assert float(grown["mean_share"]) > float(shares[("rmsnorm_bias", 4)]["mean_share"])
 

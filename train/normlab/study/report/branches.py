@@ -94,7 +94,8 @@ def growth_text(found: list[StepShare]) -> str:
     measured = [s.step for s in found]
     beyond = {side: [s.step for s in found if s.p_max <= 0.05 and (s.z > 0) == (side == "above")]
               for side in ("below", "above")}
-    parts = [f"{side} random directions' {steps_text(steps, measured)}" for side, steps in beyond.items() if steps]
+    parts = [f"its most extreme site {side} random directions' {steps_text(steps, measured)}"
+             for side, steps in beyond.items() if steps]
     return text + "; " + ("; ".join(parts) if parts else "never beyond random directions'")
 
 
@@ -131,9 +132,11 @@ def share_table(group: Group) -> str:
         return ""
     return ("\n".join(lines) + "\n\nShares are seed means (the probe's held-out tokens at each checkpoint); Z and p: "
             "each seed's mean cos² along 1 against its own random directions, combined over the seeds, the largest "
-            "of the sites against the largest of each random direction's (docs/report.md). Each arm's share, mean over "
-            "the norm inputs, at K and at the end, and the steps where it lay beyond random directions' (p ≤ 0.05): "
-            "below them (Z < 0: a centred stream holds none) or above them (a 1-component grown):\n\n"
+            "of the sites against the largest of each random direction's (docs/report.md). Each arm's share, mean "
+            "over the norm inputs, at K and at the end, and the steps where its most extreme site lay beyond random "
+            "directions' (p ≤ 0.05 for the largest of the sites): below them (Z < 0: a centred stream holds none) "
+            "or above them (a 1-component grown); a site that grew above them while another stays centred shows "
+            "in the largest share's percentile:\n\n"
             + "\n".join(summary) + "\n")
 
 
