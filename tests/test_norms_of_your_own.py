@@ -51,6 +51,8 @@ def user(prepared, tmp_path_factory) -> Path:
             args += [*FAST_TRAIN, "logger=csv", "run_name=${model.name}-${norm.name}-seed${seed}"]
         if words[0] == "normlab-report":  # runs of a few steps learned nothing yet: compared all the same
             args += ["learning_check=false"]
+        if words[0] == "normlab-bench":  # the page's timing at a size that takes seconds, not tens of them
+            args += ["rows=256"]
         result = run_cli(words[0], *args, env=env, cwd=folder)
         assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
         (folder / f"{words[0]}.out").write_text(result.stdout)
