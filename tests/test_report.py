@@ -113,8 +113,9 @@ def write_ablation(run_dir: Path, delta: float, low: float, high: float, site_de
               ABLATION_COLUMNS + list(columns))
 
 
-def report(*args: str) -> None:
-    main(compose_config("report", list(args)))
+def report(*args: str, figures: bool = False) -> None:
+    """normlab-report with `args`; its figures only where a test reads them (drawing them is most of its time)."""
+    main(compose_config("report", [*args, f"figures={str(figures).lower()}"]))
 
 
 def png_width(path: Path) -> int:
@@ -149,7 +150,7 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     make_run(sweep, "tiny-rmsnorm-seed1.replaced-20250101-000000", "rmsnorm", 1, 9.9)  # moved aside by restart=true
     write_ablation(sweep / "tiny-rmsnorm-seed0", 0.0123, 0.0100, 0.0146)
 
-    report(f"runs={sweep}", f"out={tmp_path / 'out'}")
+    report(f"runs={sweep}", f"out={tmp_path / 'out'}", figures=True)
 
     summary = (tmp_path / "out/summary.md").read_text()
     # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248; t = 3.464 on 2 df: p 0.0742, alone
@@ -185,6 +186,22 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
         assert (tmp_path / f"out/{figure}_tiny.pdf").read_bytes()[:5] == b"%PDF-"
         assert f"({figure}_tiny.png)" in summary
     assert png_width(tmp_path / "out/loss_tiny.png") == 7.2 * 300  # print resolution
+
+
+def test_figures_false_writes_the_tables_and_numbers_and_no_figure(tmp_path, capsys):
+    for seed in (0, 1):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)
+        make_run(tmp_path / "sweep", f"rms-seed{seed}", "rmsnorm", seed, 3.01 + seed / 100)
+
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")  # figures=false
+
+    out = tmp_path / "out"
+    assert "rmsnorm − layernorm" in (out / "summary.md").read_text() and (out / "comparisons.csv").is_file()
+    assert not list(out.glob("*.png")) and not list(out.glob("*.pdf")) and "![" not in (out / "summary.md").read_text()
+    assert "wrote summary.md, no figures (figures=false) and its numbers" in capsys.readouterr().out
+    with pytest.raises(AnalysisError, match=r"^figures=maybe: give true or false$"):
+        main(compose_config("report", [f"runs={tmp_path / 'sweep'}", "figures=maybe", f"out={tmp_path / 'x'}"]))
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_ablation_of_several_seeds_gives_a_t_interval_over_seeds_each_seed_and_its_sign_changes(tmp_path):
@@ -390,7 +407,7 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
              "num_fewshot": 0}], CSV_COLUMNS)
 
     (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])  # alpha_init and no eps: still the norms' group
-    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}", figures=True)
 
     assert [a.name for a in group.arms()] == ["layernorm", "rmsnorm", "dyt"]
     assert [r.name for r in group.runs if r.left_out or r.note] == []
@@ -642,7 +659,7 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
                                                  "ci_high": 0.006}], ABLATION_COLUMNS)
 
     report(f"runs=[{tmp_path / 'pythia-70m.csv'}]", f"csvs=[{tmp_path / 'gpt2.csv'},{tmp_path / 'gpt2-ablation.csv'}]",
-           f"out={tmp_path / 'out'}")
+           f"out={tmp_path / 'out'}", figures=True)
 
     summary = (tmp_path / "out/summary.md").read_text()
     # the angle: (91 - 90) / 0.5 null sd

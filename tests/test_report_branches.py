@@ -84,7 +84,7 @@ def study(root: Path, steps=(4,), angles: bool = False) -> Path:
 def reported(tmp_path_factory) -> Path:
     """The report of a study with K = 4 and 6, its branches' angles planted, written once for the tests below."""
     root = tmp_path_factory.mktemp("branches")
-    report(f"runs={study(root, steps=(4, 6), angles=True)}", f"out={root / 'out'}")
+    report(f"runs={study(root, steps=(4, 6), angles=True)}", f"out={root / 'out'}", figures=True)
     return root
 
 

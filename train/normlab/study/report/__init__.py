@@ -57,7 +57,9 @@ def check_declared(declared: Declared, runs: list) -> None:
         raise AnalysisError(f"reference={declared.reference}: no run has that norm ({known})")
 
 
-def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declared = Declared()) -> None:
+def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declared = Declared(),
+           figures: bool = True) -> None:
+    """The report of the runs at or under `paths` and the CSVs `csvs` into `out`; `figures`: draw them too."""
     for path in paths:
         if not path.exists():
             raise AnalysisError(f"{path} does not exist: give run directories, or directories holding runs")
@@ -86,12 +88,13 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
     sections = [group_section(g, parameters, members) for g in groups] + [pretrained_section(m) for m in pretrained]
     # the tables are ready: a failure before this point writes nothing, one after it leaves the old report whole
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
-        figures = [draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
-        (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, figures)))
+        drawn = ([draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
+                 if figures else [[] for _ in sections])
+        (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, drawn)))
         tables = write_numbers(staging, groups, pretrained, members)
-    count = sum(len(f) for f in figures)
-    print(table + f"\nwrote summary.md, {count} figures (PDF and PNG, {DPI} dpi) and its numbers "
-          f"({', '.join(tables)}) to {out}")
+    count = sum(len(f) for f in drawn)
+    what = f"{count} figures (PDF and PNG, {DPI} dpi)" if figures else "no figures (figures=false)"
+    print(table + f"\nwrote summary.md, {what} and its numbers ({', '.join(tables)}) to {out}")
 
 
 def as_paths(value) -> list[Path]:
@@ -109,7 +112,10 @@ def main(cfg: DictConfig) -> None:
     csvs = [p for p in given if p.suffix == ".csv"]
     paths = [p for p in given if p.suffix != ".csv"]
     out = Path(str(cfg.out)) if cfg.out else (paths[0] if paths else csvs[0].parent) / "report"
-    report(paths, out, csvs, declared(cfg))
+    figures = cfg.get("figures", True)
+    if not isinstance(figures, bool):
+        raise AnalysisError(f"figures={figures}: give true or false")
+    report(paths, out, csvs, declared(cfg), figures)
 
 
 def declared(cfg: DictConfig) -> Declared:
