@@ -308,6 +308,9 @@ def log_to_wandb(settings: dict, rows: list[dict]) -> None:
     data = [[cell(column, r[column]) for column in CSV_COLUMNS] for r in rows]
     run.log({"eval/results": wandb.Table(columns=list(CSV_COLUMNS), data=data)})
     run.finish()
+    # finish() can return before wandb-core has written the run's records (seen offline under load, wandb 0.31):
+    # teardown waits for the service to flush and stop, so that the results are on disk when this returns
+    wandb.teardown()
 
 
 # -- the command (conf/eval.yaml)
