@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common import outputs
 from normlab.common.paths import CONF_DIR
 from normlab.model import norms
-from normlab.model.conversion import ConvertError, built, centred_weights, converted
+from normlab.model.conversion import ConvertError, built, centred_weights, converted, exact_rms_norm
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.training import loader
 from normlab.training.checkpoint_files import write_checkpoint
@@ -44,7 +44,7 @@ __all__ = ["ConvertError", "centred_weights", "converted", "main"]  # the conver
 def rms_norm_config(layernorm: norms.LayerNorm) -> dict:
     """The norm config of the converted model: conf/norm/rmsnorm_bias.yaml (rmsnorm.yaml for a LayerNorm without
     bias), resolved, with the LayerNorm's eps."""
-    name = "rmsnorm_bias" if layernorm.bias is not None else "rmsnorm"
+    name = exact_rms_norm(layernorm)
     files = [OmegaConf.load(CONF_DIR / "norm" / f"{n}.yaml") for n in dict.fromkeys(("rmsnorm", name))]
     config = OmegaConf.merge(*files)  # rmsnorm_bias.yaml's defaults list: rmsnorm, then itself
     config.pop("defaults", None)
