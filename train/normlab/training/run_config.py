@@ -25,7 +25,9 @@ def flat(config, prefix: str = "") -> dict:
     return items
 
 
-OFF = (None, False)  # a key added to normlab since a run was written, at one of these, is what that run had
+def is_off(value) -> bool:
+    """A key added to normlab since a run was written, at None or False, is what that run had (0 is a value)."""
+    return value is None or value is False
 
 
 def effective(settings: dict) -> dict:
@@ -64,7 +66,7 @@ def check_saved_config(run: Path, cfg: DictConfig) -> None:
     changed = [
         k
         for k in sorted(old.keys() | new.keys(), key=lambda k: (k.startswith("callbacks."), k))
-        if identifies_the_run(k) and old.get(k) != new.get(k) and not (k not in old and new.get(k) in OFF)
+        if identifies_the_run(k) and old.get(k) != new.get(k) and not (k not in old and is_off(new.get(k)))
     ]  # callbacks last: mostly copies
     if changed:
         shown = ", ".join(f"{k}: {old.get(k)} -> {new.get(k)}" for k in changed[:3]) + (

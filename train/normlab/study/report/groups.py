@@ -17,7 +17,7 @@ from normlab.probe.profiles import last_step
 from normlab.probe.table import AnalysisError
 from normlab.study.report.intervals import Interval
 from normlab.study.report.runs import CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, continuing_sources
-from normlab.training.run_config import flat
+from normlab.training.run_config import flat, is_off
 
 if TYPE_CHECKING:
     from normlab.model.norms import Traits
@@ -287,6 +287,16 @@ class Group:
                                                tuned, role))
 
 
+def present(settings: dict) -> dict:
+    """The settings that set runs apart: a key at None or False is as if absent (run_config.is_off), so that a run
+    written before normlab had it (branch.step) groups with one written since."""
+    return {k: v for k, v in settings.items() if not is_off(v)}
+
+
+def settings_key(settings: dict) -> str:
+    return json.dumps(present(settings), sort_keys=True, default=str)
+
+
 def join_layers(groups: list[Group]) -> list[Group]:
     """Groups whose settings are equal but for the norm layer's own (DyT's alpha_init and no eps, a user's norm's
     arguments) made one, where their norms' names all differ and at most one of them holds norms of the 2x2: DyT
@@ -295,7 +305,7 @@ def join_layers(groups: list[Group]) -> list[Group]:
     alike = defaultdict(list)
     for group in groups:
         others = {k: v for k, v in group.settings.items() if not k.startswith(LAYER_SETTINGS)}
-        alike[json.dumps(others, sort_keys=True, default=str)].append(group)
+        alike[settings_key(others)].append(group)
     joined = set()
     for found in alike.values():
         names = [{a.name for a in g.arms()} for g in found]
@@ -313,17 +323,17 @@ def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
     by_settings: dict[str, Group] = {}
     for run in runs:
         settings = {k: v for k, v in comparison_settings(run.config).items() if not declared.is_tuned(k)}
-        key = json.dumps(settings, sort_keys=True, default=str)
-        by_settings.setdefault(key, Group(settings, [])).runs.append(run)
+        by_settings.setdefault(settings_key(settings), Group(settings, [])).runs.append(run)
     groups = sorted(join_layers(list(by_settings.values())),
                     key=lambda g: (g.model, g.branch_step or 0, g.runs[0].name))  # branches by their K
     for group in groups:
         if group.branch_step is not None:
             group.runs += continuing_sources(group.runs)
     for group in groups:
-        others = [g.settings for g in groups if g is not group and g.model == group.model]  # the title names it
+        own = present(group.settings)
+        others = [present(g.settings) for g in groups if g is not group and g.model == group.model]  # the title: model
         differing = sorted(
-            {k for o in others for k in group.settings.keys() | o.keys() if group.settings.get(k) != o.get(k)},
+            {k for o in others for k in own.keys() | o.keys() if own.get(k) != o.get(k)},
             key=lambda k: (k.startswith("callbacks."), k),  # callbacks last: mostly copies of other settings
         )
         shown = [f"{k}={group.settings.get(k, 'absent')}" for k in differing[:4]]
