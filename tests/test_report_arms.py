@@ -96,6 +96,7 @@ def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_
     assert ("rmsnorm − layernorm (the bias differs too): these runs differ in the bias as well as in the centring"
             in summary)
     assert "Centring × bias" not in summary
+    assert "The family: 1 comparison with an interval, Holm-adjusted together" in summary
 
 
 DYT = "dyt − layernorm (a point-wise layer in place of layernorm)"  # DyT's comparison with the reference
