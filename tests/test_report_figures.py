@@ -107,7 +107,7 @@ def test_the_loss_figure_gives_validation_its_own_axis_and_the_paired_difference
     assert train.get_ylim()[0] > 4.9 and not val.get_shared_y_axes().joined(train, val)
     difference = axis_titled(fig, "rmsnorm − layernorm (the bias differs too)\n")
     for seed, planted in ((0, [0.05, 0.02]), (1, [0.01, 0.03])):
-        line = line_labelled(difference, f"seed {seed}: its pair's difference")
+        line = line_labelled(difference, f"seed {seed}")
         assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
     assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([0.03, 0.025])
     (band,) = bands(difference)
@@ -177,15 +177,15 @@ def test_dyt_is_drawn_in_its_colour_with_its_losses_and_differences_on_axes_of_t
     normalizing = axis_titled(losses, "validation loss:\nnormalizing norms")
     pointwise = axis_titled(losses, "validation loss:\npoint-wise layers")
     assert normalizing.get_ylim()[1] < min(DYT_VAL[("dyt", 0)].values())  # DyT's losses lie above its range
-    assert not [line for line in normalizing.get_lines() if line.get_label().startswith("dyt")]
-    assert line_labelled(normalizing, "rmsnorm seed 1").get_ydata() == pytest.approx([3.71, 3.13])
+    assert not [line for line in normalizing.get_lines() if line.get_label().lstrip("_").startswith("dyt")]
+    assert line_labelled(normalizing, "_rmsnorm seed 1").get_ydata() == pytest.approx([3.71, 3.13])
     for seed in (0, 1):
-        line = line_labelled(pointwise, f"dyt seed {seed}")
+        line = line_labelled(pointwise, f"_dyt seed {seed}")
         assert to_rgba(line.get_color()) == dyt_color
         assert list(line.get_ydata()) == pytest.approx(list(DYT_VAL[("dyt", seed)].values()))
     difference = axis_titled(losses, "dyt − layernorm\n(a point-wise layer in place of layernorm)\n")
     for seed, planted in ((0, [1.30, 1.25]), (1, [1.05, 1.20])):
-        line = line_labelled(difference, f"seed {seed}: its pair's difference")
+        line = line_labelled(difference, f"seed {seed}")
         assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
     assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([1.175, 1.225])
     assert difference.get_title().endswith(f"step 10: {Interval.of([1.25, 1.20]).text()}")
@@ -207,6 +207,32 @@ def test_dyt_is_drawn_in_its_colour_with_its_losses_and_differences_on_axes_of_t
     (ax,) = ablation.axes
     assert errorbar_labelled(ax, "dyt seed 0 centred").lines[0].get_ydata() == pytest.approx([0.1, 0.2])
     assert "dyt: its input centred before its point-wise map" in ax.get_title()
+
+
+def test_the_loss_legend_names_each_norm_and_each_seed_once_and_a_run_left_out_by_name(tmp_path):
+    """Colour x style instead of a line per run: 2 norms and 3 seeds give 5 entries, not 6 (30 for the study's 5
+    norms of 6 seeds); each seed's entry is drawn as its runs and its paired differences are."""
+    for (norm, seed), val in VAL.items():
+        plant_losses(make_run(tmp_path, f"{norm}-seed{seed}", norm, seed), val)
+    for norm in ("layernorm", "rmsnorm"):
+        plant_losses(make_run(tmp_path, f"{norm}-seed2", norm, 2), {5: 3.5, 10: 3.0})
+    make_run(tmp_path, "rmsnorm-seed2-again", "rmsnorm", 2, loss=2.9)  # a replicate: left out
+
+    fig = losses_figure(group_of(tmp_path))
+
+    (legend,) = fig.legends
+    entries = dict(zip([one_line(t.get_text()) for t in legend.get_texts()], legend.legend_handles))
+    assert list(entries)[:6] == ["layernorm", "rmsnorm", "seed 0", "seed 1", "seed 2", "rmsnorm seed 2 (left out)"]
+    assert not [label for label in entries if label.startswith("layernorm seed") or "its pair" in label]
+    validation, difference = axis_titled(fig, "validation loss"), axis_titled(fig, "rmsnorm − layernorm")
+    for seed in (0, 1, 2):
+        handle, run = entries[f"seed {seed}"], line_labelled(validation, f"_rmsnorm seed {seed}")
+        paired = line_labelled(difference, f"seed {seed}")
+        assert handle.get_linestyle() == run.get_linestyle() == paired.get_linestyle()
+        assert handle.get_marker() == run.get_marker() == paired.get_marker()
+        assert to_rgba(handle.get_color()) == to_rgba(paired.get_color()) != to_rgba(run.get_color())
+    assert to_rgba(entries["rmsnorm"].get_color()) == to_rgba(run.get_color())
+    assert len({entries[f"seed {seed}"].get_linestyle() for seed in (0, 1, 2)}) == 3
 
 
 def test_the_loss_curves_draw_the_unigram_loss_where_it_is_known(tmp_path):
@@ -336,7 +362,7 @@ def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_f
             norms)
         validation = {line.get_label(): line for ax in losses_figure(group).axes
                       if ax.get_title().startswith("validation loss") for line in ax.get_lines()}  # DyT's: its own
-        assert all(to_rgba(validation[f"{norm} seed 0"].get_color()) == styles[norm][0] for norm in norms)
+        assert all(to_rgba(validation[f"_{norm} seed 0"].get_color()) == styles[norm][0] for norm in norms)
         drawn.append(styles)
     assert all(drawn[0][norm] == drawn[1][norm] for norm in users)
     assert drawn[0]["layernorm"] == (to_rgba("tab:blue"), "o") and drawn[1]["dyt"] == (to_rgba("tab:green"), "v")

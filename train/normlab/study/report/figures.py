@@ -41,6 +41,7 @@ REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 UNIGRAM_LABEL = "unigram loss (token frequencies only)"
+SEED_COLOR = "tab:gray"  # a seed's own line in the legend, and its paired difference
 ANGLE_LABEL = "angle (degrees)\nmean, bars ± std over tokens"
 YLABEL_WIDTH = 38  # characters: a y label's line as long as a loss-difference panel is high
 
@@ -141,6 +142,16 @@ def seed_style(seeds: list[int], seed: int) -> dict:
     return {"ls": SEED_LINES[k % len(SEED_LINES)], "marker": SEED_MARKERS[k % len(SEED_MARKERS)]}
 
 
+def norm_and_seed_handles(ax, norms: dict[str, str], seeds: list[int]) -> None:
+    """The loss figure's legend as colour x style, not a line per run (6 seeds x 5 norms would be 30): each norm's
+    colour (`norms`: label -> colour), then each seed's line style and marker in grey, the colour of a seed's paired
+    difference. Invisible lines on `ax` that legend_below collects."""
+    for label, color in norms.items():
+        ax.plot([], [], color=color, lw=1.2, label=label)
+    for seed in seeds:
+        ax.plot([], [], color=SEED_COLOR, lw=0.8, ms=3, label=f"seed {seed}", **seed_style(seeds, seed))
+
+
 def wrapped(label: str, width: int) -> str:
     """A comparison's label on lines short enough for a panel's title or a tick: its parenthesis below the names, in
     lines of at most `width` characters."""
@@ -168,8 +179,8 @@ def draw_differences(ax, comparison: Comparison, seeds: list[int]) -> None:
         ax.set_title(label)
         ax.text(0.5, 0.5, "no validation step common to all its runs", transform=ax.transAxes, ha="center")
         return
-    for (base, _), values in zip(comparison.pairs, differences):
-        ax.plot(steps, values, color="tab:gray", lw=0.7, ms=2.5, label=f"seed {base.seed}: its pair's difference",
+    for (base, _), values in zip(comparison.pairs, differences):  # in the legend as the seed (seed_handles)
+        ax.plot(steps, values, color=SEED_COLOR, lw=0.7, ms=2.5, label=f"seed {base.seed}",
                 **seed_style(seeds, base.seed))
     intervals = [Interval.of(list(at)) for at in zip(*differences)]
     n, final = len(differences), intervals[-1]
@@ -198,9 +209,9 @@ def loss_panels(group: Group) -> dict[str, str]:
 
 def losses_figure(group: Group) -> Figure:
     """Training and validation loss of every run on axes of their own (loss_panels; colour: norm, line style and
-    marker: seed; unfinished runs and replicates labelled), with the held-out unigram loss where known (a run above
-    it learned token frequencies only), and below them, per comparison, the paired difference of validation loss at
-    each validation step (draw_differences), two to a row."""
+    marker: seed, in the legend once each; unfinished runs and replicates labelled), with the held-out unigram loss
+    where known (a run above it learned token frequencies only), and below them, per comparison, the paired
+    difference of validation loss at each validation step (draw_differences), two to a row."""
     seeds = sorted({r.seed for r in group.runs})
     styles = norm_styles([AngleSeries(group.label(arm), [], style=arm.style) for arm in group.arms()])
     panels = loss_panels(group)
@@ -212,10 +223,12 @@ def losses_figure(group: Group) -> Figure:
         mosaic.append([panel for panel in row + ["."] * (per_row - len(row)) for _ in range(width // per_row)])
     fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 2.6 * len(mosaic)), layout="constrained")
     window = 10
+    norm_and_seed_handles(axes["train"], {group.label(a): styles[group.label(a)].color for a in group.arms()}, seeds)
     for run in group.runs:
         norm = group.label(run.norm)
         style = {"color": styles[norm].color, "lw": 0.8, "ls": seed_style(seeds, run.seed)["ls"]}
-        label = f"{norm} seed {run.seed}" + (" (left out)" if run.left_out else "")
+        # a run is its norm's colour and its seed's style (norm_and_seed_handles); only one left out is named
+        label = f"{norm} seed {run.seed} (left out)" if run.left_out else f"_{norm} seed {run.seed}"
         if run.metrics.get("train/loss"):
             steps, losses = zip(*run.metrics["train/loss"])
             window = max(10, len(losses) // 200)
@@ -236,8 +249,7 @@ def losses_figure(group: Group) -> Figure:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(thousands))
-    validation = [axes[panel] for panel in panels if panel != "train"]
-    legend_below(fig, [*validation, *axes.values()], ncols=3)  # the runs' handles with the seed's marker
+    legend_below(fig, axes.values(), ncols=3)
     last = steps_title(run.val_step for run in group.runs)
     fig.suptitle(f"{group.title}: loss by optimizer step (last validation: {last})")
     return fig

@@ -196,8 +196,8 @@ def primary_text(members: list[Contrast]) -> str:
             lines.append(f"Primary contrast of {group.title} (analysis.primary={name}): not estimable here, as it "
                          "needs all four norms of the centring × bias 2x2 with 2 or more seeds in each.")
     family_size = sum(m.interval.p is not None for m in members)
-    lines.append(f"The family: {family_size} comparison{'' if family_size == 1 else 's'} with an interval, Holm-adjusted "
-                 "together (the verdict's loss cells, the factorial's effects, the comparison tables).")
+    lines.append(f"The family: {family_size} comparison{'' if family_size == 1 else 's'} with an interval, "
+                 "Holm-adjusted together (the verdict's loss cells, the factorial's effects, the comparison tables).")
     return "".join(f"{line}\n\n" for line in lines)
 
 
