@@ -3,6 +3,7 @@
 points and bands against numbers computed by hand, the styles that tell norms and seeds apart, and the step in
 every title. No training: each test takes seconds."""
 
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -274,7 +275,7 @@ def test_angles_by_layer_shows_each_seeds_mean_and_one_null_band_for_norms_whose
         assert band.get_label() == "null of every norm: mean angle to random directions ± 1 sd (for the runs' mean)"
         assert band.get_hatch() is None and band.get_facecolor()[0][3] <= 0.15  # unhatched, light
         assert sorted({round(y, 9) for _, y in band.get_paths()[0].vertices}) == pytest.approx([89.58, 90.42])
-    assert "bars ± std over tokens" in inputs.get_ylabel() and fig.get_suptitle().endswith("step 10")
+    assert "bars ± std over tokens" in one_line(inputs.get_ylabel()) and fig.get_suptitle().endswith("step 10")
 
 
 def test_a_norm_whose_null_differs_gets_a_band_of_its_own(tmp_path):
@@ -396,9 +397,14 @@ def test_every_figure_keeps_its_legend_and_labels_inside_the_canvas(tmp_path):
     figures["angles_by_layer, matplotlib's defaults"] = angles_by_layer_figure(group.title, series)
 
     for name, fig in figures.items():
-        fig.canvas.draw()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "constrained_layout not applied": a label too tall for its panel
+            fig.canvas.draw()
         (legend,) = fig.legends
         assert inside(legend.get_window_extent(), fig.bbox), name
         everything = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
         assert inside(everything, fig.bbox), name  # titles, axis labels and ticks too
+        for ax in [ax for ax in fig.axes if ax.get_visible() and ax.get_ylabel()]:  # no taller than its panel
+            label, panel = ax.yaxis.label.get_window_extent(), ax.get_window_extent()
+            assert panel.y0 - 1 <= label.y0 and label.y1 <= panel.y1 + 1, (name, ax.get_ylabel())
     assert len(null_bands_of(axis_titled(figures["angles_by_layer"], "angle to 1 at the norm inputs"))) == 2

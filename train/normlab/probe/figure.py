@@ -11,6 +11,7 @@ import hashlib
 import logging
 import re
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,6 +204,33 @@ def wrap_label(label: str, width: int) -> str:
     return "\n".join(textwrap.fill(line, width) for line in label.splitlines())
 
 
+def fit_ylabels(fig) -> None:
+    """Each panel's y label wrapped narrower, its lines kept, until it is no taller than its panel (a rotated label
+    is as tall as its longest line): else it runs into the titles above the panel, or the layout gives up. The
+    width a label needs is in proportion to its panel's height; a few layouts settle it."""
+    labels = {ax: ax.get_ylabel() for ax in fig.axes if ax.get_visible() and ax.get_ylabel()}
+    widths = {ax: max(map(len, text.splitlines())) for ax, text in labels.items()}
+    for _ in range(4):
+        with warnings.catch_warnings():  # a label too tall for its panel collapses the layout until it is fitted
+            warnings.filterwarnings("ignore", "constrained_layout not applied")
+            fig.canvas.draw()
+        taller = {ax: ax.get_window_extent().height / ax.yaxis.label.get_window_extent().height for ax in labels}
+        taller = {ax: fits for ax, fits in taller.items() if fits < 1 and widths[ax] > SHORTEST_WRAP}
+        if not taller:
+            return
+        for ax, fits in taller.items():
+            widths[ax] = max(SHORTEST_WRAP, min(widths[ax] - 1, int(widths[ax] * fits)))
+            ax.set_ylabel(wrap_label(labels[ax], widths[ax]))
+
+
+def finish(fig, axes, title: str, ncols: int = 2) -> None:
+    """A figure's title, its panels' y labels fitted (fit_ylabels) and its one legend (legend_below), in this order:
+    the title takes height from the panels, and the legend adds its own."""
+    fig.suptitle(title)
+    fit_ylabels(fig)
+    legend_below(fig, axes, ncols)
+
+
 def legend_below(fig, axes, ncols: int = 2) -> None:
     """One legend below the panels, each series and null once, inside the canvas: its labels wrapped (then its
     columns fewer) until it is narrower than the figure, and the figure taller by the legend's height, so that the
@@ -256,9 +284,8 @@ def angles_by_layer_figure(title: str, series: list[AngleSeries]) -> Figure | No
         ax.set_title(f"angle to 1 at the {io_label}")
         site_axis(ax, keys)
     axes[0].set_ylabel("angle to 1 (degrees)\nmean, bars ± std over tokens")
-    legend_below(fig, axes)
     steps = {s for p in profiles.values() for point in p.values() for s in point.steps}
-    fig.suptitle(f"{title}: {steps_title(steps)}")
+    finish(fig, axes, f"{title}: {steps_title(steps)}")
     return fig
 
 

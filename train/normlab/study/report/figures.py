@@ -18,6 +18,8 @@ from normlab.probe.figure import (
     AngleSeries,
     Null,
     angles_by_layer_figure,
+    finish,
+    fit_ylabels,
     legend_below,
     norm_styles,
     null_bands,
@@ -73,9 +75,8 @@ def references_figure(title: str, series: list[Series]) -> Figure | None:
         ax.set_visible(False)
     for row in axes:
         row[0].set_ylabel(ANGLE_LABEL)
-    legend_below(fig, axes.flat, ncols=1)
     steps = {step for p in profiles.values() for point in p.values() for step in point.steps}
-    fig.suptitle(f"{title}:\nthe angle to 1 beside two random directions, {steps_title(steps)}")
+    finish(fig, axes.flat, f"{title}:\nthe angle to 1 beside two random directions, {steps_title(steps)}", ncols=1)
     return fig
 
 
@@ -122,9 +123,8 @@ def angles_training_figure(title: str, series: list[Series]) -> Figure | None:
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(keys):]:
         ax.set_visible(False)
-    legend_below(fig, axes.flat)
     fig.supylabel("angle to 1 (degrees)")
-    fig.suptitle(f"{title}: the norm inputs' angle to 1 during training ({steps_title(steps)})")
+    finish(fig, axes.flat, f"{title}: the norm inputs' angle to 1 during training ({steps_title(steps)})")
     return fig
 
 
@@ -249,9 +249,8 @@ def losses_figure(group: Group) -> Figure:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(thousands))
-    legend_below(fig, axes.values(), ncols=3)
     last = steps_title(run.val_step for run in group.runs)
-    fig.suptitle(f"{group.title}: loss by optimizer step (last validation: {last})")
+    finish(fig, axes.values(), f"{group.title}: loss by optimizer step (last validation: {last})", ncols=3)
     return fig
 
 
@@ -302,9 +301,8 @@ def loss_differences_figure(group: Group) -> Figure | None:
         draw_final_differences(ax, comparisons)
         if len(kinds) == 2:
             ax.set_title("with a point-wise layer" if pointwise(comparisons[0]) else "between normalizing norms")
-    legend_below(fig, axes.flat, ncols=1)
     final = steps_title(run.val_step for c in group.comparisons for pair in c.pairs for run in pair)
-    fig.suptitle(f"{group.title}\nfinal validation loss ({final}), paired by seed")
+    finish(fig, axes.flat, f"{group.title}\nfinal validation loss ({final}), paired by seed", ncols=1)
     return fig
 
 
@@ -355,8 +353,7 @@ def branch_figure(group: Group) -> Figure | None:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_formatter(FuncFormatter(thousands))
-    legend_below(fig, [loss, share], ncols=2)
-    fig.suptitle(f"{group.title}: the branches from step {group.branch_step:,} on")
+    finish(fig, [loss, share], f"{group.title}: the branches from step {group.branch_step:,} on", ncols=2)
     return fig
 
 
@@ -383,11 +380,12 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     ax.axhline(0, color="black", lw=0.6)
     site_axis(ax, keys)
     ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
-    legend_below(fig, [ax])
     steps = steps_title(r.get("step") for *_, rows in drawn for r in rows)
     pointwise = ", ".join(s.norm for s in series if not s.normalizes)
     before = f"\n{pointwise}: its input centred before its point-wise map" if pointwise else ""
     ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added){before}\ncheckpoints at {steps}")
+    fit_ylabels(fig)
+    legend_below(fig, [ax])
     return fig
 
 
