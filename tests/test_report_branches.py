@@ -13,13 +13,13 @@ import matplotlib.pyplot as plt
 import pytest
 
 from normlab.study.report.contrasts import family, group_family, primary_of
-from normlab.study.report.figures import STYLE, branch_figure
+from normlab.study.report.figures import STYLE, branch_figure, loss_differences_figure, losses_figure
 from normlab.study.report.groups import group_runs
 from normlab.study.report.intervals import holm
 from normlab.study.report.runs import find_runs
 from test_angle_shares import PLANTED, measured_table, seed_inputs
 from test_report import make_run, report, write_csv
-from test_report_figures import inside
+from test_report_figures import assert_readable
 
 MAX, SEEDS = 8, (0, 1, 2)
 ARMS = {"layernorm": ("layernorm", False), "rmsnorm_bias": ("rmsnorm_bias", False), "control": ("rmsnorm_bias", True)}
@@ -155,9 +155,9 @@ def test_the_converted_branch_growing_a_1_component_is_found_and_drawn(reported)
     family([group])
     with plt.rc_context(STYLE):
         fig = branch_figure(group)
-    fig.canvas.draw()
-    (legend,) = fig.legends
-    assert inside(legend.get_window_extent(), fig.bbox)
+        losses, final = losses_figure(group), loss_differences_figure(group)  # three comparisons of long names
+    for name, drawn in (("branch", fig), ("loss", losses), ("loss_difference", final)):
+        assert_readable(name, drawn)
     loss, share = fig.axes[:2]
     assert len(loss.lines) == 4 and len(loss.collections) == 3  # three comparisons with bands, and 0
     (largest,) = [line for line in share.lines if line.get_label() == "rmsnorm_bias: the largest site"]

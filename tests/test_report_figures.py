@@ -65,7 +65,8 @@ def group_of(root: Path, unigram_loss: float | None = None) -> Group:
 
 
 def axis_titled(fig, start: str):
-    (ax,) = [ax for ax in fig.axes if ax.get_title().startswith(start)]
+    """The panel whose title begins so (as it reads: its lines are wrapped to the panel's width)."""
+    (ax,) = [ax for ax in fig.axes if one_line(ax.get_title()).startswith(one_line(start))]
     return ax
 
 
@@ -118,7 +119,7 @@ def test_the_loss_figure_gives_validation_its_own_axis_and_the_paired_difference
         interval = Interval.of(values)
         assert sorted({round(y, 9) for x, y in corners if x == step}) == pytest.approx([interval.low, interval.high])
     final = Interval.of([0.02, 0.03])  # 0.025 +- 12.7062 x 0.00707 / sqrt 2
-    assert difference.get_title().endswith(f"step 10: {final.text()}") and final.text() == "+0.0250 [-0.0385, +0.0885]"
+    assert one_line(difference.get_title()).endswith(f"step 10: {final.text()}") and final.text() == "+0.0250 [-0.0385, +0.0885]"
     # the bias differs too: the sign names the norms, not the centring
     assert "> 0: rmsnorm higher than layernorm" in one_line(difference.get_ylabel())
     assert "nats/token" in difference.get_ylabel() and "centr" not in difference.get_ylabel()
@@ -134,7 +135,7 @@ def test_one_pair_draws_no_band_and_says_so(tmp_path):
     difference = axis_titled(fig, "rmsnorm − layernorm")
     assert bands(difference) == []
     assert line_labelled(difference, "the one pair: no interval").get_ydata() == pytest.approx([0.05, 0.02])
-    assert "step 10: +0.0200 (1 pair: no interval)" in difference.get_title()
+    assert "step 10: +0.0200 (1 pair: no interval)" in one_line(difference.get_title())
 
 
 def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure_names_its_step(tmp_path):
@@ -189,7 +190,7 @@ def test_dyt_is_drawn_in_its_colour_with_its_losses_and_differences_on_axes_of_t
         line = line_labelled(difference, f"seed {seed}")
         assert list(line.get_xdata()) == [5, 10] and list(line.get_ydata()) == pytest.approx(planted)
     assert line_labelled(difference, "mean over 2 seeds").get_ydata() == pytest.approx([1.175, 1.225])
-    assert difference.get_title().endswith(f"step 10: {Interval.of([1.25, 1.20]).text()}")
+    assert one_line(difference.get_title()).endswith(f"step 10: {Interval.of([1.25, 1.20]).text()}")
     assert one_line(difference.get_ylabel()) == ("val loss, dyt − layernorm, paired by seed "
                                                  "(nats/token; > 0: dyt higher than layernorm)")
     normalizing, pointwise = axis_titled(final, "between normalizing norms"), axis_titled(final, "with a point-wise")
@@ -207,7 +208,7 @@ def test_dyt_is_drawn_in_its_colour_with_its_losses_and_differences_on_axes_of_t
     assert mean.get_marker() == conf_style("dyt")["marker"]
     (ax,) = ablation.axes
     assert errorbar_labelled(ax, "dyt seed 0 centred").lines[0].get_ydata() == pytest.approx([0.1, 0.2])
-    assert "dyt: its input centred before its point-wise map" in ax.get_title()
+    assert "dyt: its input centred before its point-wise map" in one_line(ax.get_title())
 
 
 def test_the_loss_legend_names_each_norm_and_each_seed_once_and_a_run_left_out_by_name(tmp_path):
@@ -336,7 +337,7 @@ def test_the_ablation_figure_tells_seeds_of_one_norm_apart_and_names_the_steps_a
     seed0, seed1 = (errorbar_labelled(ax, f"rmsnorm seed {seed} centred").lines[0] for seed in (0, 1))
     assert seed0.get_marker() != seed1.get_marker() and seed0.get_color() == seed1.get_color()
     assert list(seed1.get_ydata()) == pytest.approx([0.015, 0.03])  # the site (delta / 2) and all at once
-    assert ax.get_title().endswith("checkpoints at steps 8, 10")
+    assert one_line(ax.get_title()).endswith("checkpoints at steps 8, 10")
 
 
 def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_figure_differ(tmp_path):
@@ -362,7 +363,7 @@ def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_f
         assert len({color for color, _ in styles.values()}) == len({marker for _, marker in styles.values()}) == len(
             norms)
         validation = {line.get_label(): line for ax in losses_figure(group).axes
-                      if ax.get_title().startswith("validation loss") for line in ax.get_lines()}  # DyT's: its own
+                      if one_line(ax.get_title()).startswith("validation loss") for line in ax.get_lines()}  # DyT's: its own
         assert all(to_rgba(validation[f"_{norm} seed 0"].get_color()) == styles[norm][0] for norm in norms)
         drawn.append(styles)
     assert all(drawn[0][norm] == drawn[1][norm] for norm in users)
@@ -373,6 +374,22 @@ def inside(extent, canvas) -> bool:
     """Whether a window extent lies within the canvas (to the pixel rounding of its edges)."""
     return (extent.x0 >= canvas.x0 - 0.5 and extent.y0 >= canvas.y0 - 0.5 and extent.x1 <= canvas.x1 + 0.5
             and extent.y1 <= canvas.y1 + 0.5)
+
+
+def assert_readable(name: str, fig) -> None:
+    """The layout applied, the legend and everything else inside the canvas, each panel's title no wider than the
+    panel and its y label no taller."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "constrained_layout not applied": a label too tall for its panel
+        fig.canvas.draw()
+    (legend,) = fig.legends
+    assert inside(legend.get_window_extent(), fig.bbox), name
+    everything = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
+    assert inside(everything, fig.bbox), name  # titles, axis labels and ticks too
+    for ax in [ax for ax in fig.axes if ax.get_visible()]:
+        panel, title, label = ax.get_window_extent(), ax.title.get_window_extent(), ax.yaxis.label.get_window_extent()
+        assert not ax.get_title() or panel.x0 - 1 <= title.x0 and title.x1 <= panel.x1 + 1, (name, ax.get_title())
+        assert not ax.get_ylabel() or panel.y0 - 1 <= label.y0 and label.y1 <= panel.y1 + 1, (name, ax.get_ylabel())
 
 
 def test_every_figure_keeps_its_legend_and_labels_inside_the_canvas(tmp_path):
@@ -397,14 +414,5 @@ def test_every_figure_keeps_its_legend_and_labels_inside_the_canvas(tmp_path):
     figures["angles_by_layer, matplotlib's defaults"] = angles_by_layer_figure(group.title, series)
 
     for name, fig in figures.items():
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # "constrained_layout not applied": a label too tall for its panel
-            fig.canvas.draw()
-        (legend,) = fig.legends
-        assert inside(legend.get_window_extent(), fig.bbox), name
-        everything = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
-        assert inside(everything, fig.bbox), name  # titles, axis labels and ticks too
-        for ax in [ax for ax in fig.axes if ax.get_visible() and ax.get_ylabel()]:  # no taller than its panel
-            label, panel = ax.yaxis.label.get_window_extent(), ax.get_window_extent()
-            assert panel.y0 - 1 <= label.y0 and label.y1 <= panel.y1 + 1, (name, ax.get_ylabel())
+        assert_readable(name, fig)
     assert len(null_bands_of(axis_titled(figures["angles_by_layer"], "angle to 1 at the norm inputs"))) == 2

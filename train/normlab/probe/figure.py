@@ -204,30 +204,36 @@ def wrap_label(label: str, width: int) -> str:
     return "\n".join(textwrap.fill(line, width) for line in label.splitlines())
 
 
-def fit_ylabels(fig) -> None:
-    """Each panel's y label wrapped narrower, its lines kept, until it is no taller than its panel (a rotated label
-    is as tall as its longest line): else it runs into the titles above the panel, or the layout gives up. The
-    width a label needs is in proportion to its panel's height; a few layouts settle it."""
-    labels = {ax: ax.get_ylabel() for ax in fig.axes if ax.get_visible() and ax.get_ylabel()}
-    widths = {ax: max(map(len, text.splitlines())) for ax, text in labels.items()}
-    for _ in range(4):
+def fit_labels(fig) -> None:
+    """Each panel's title and y label wrapped narrower, their lines kept, until the title is no wider than its panel
+    (else it runs into the next panel's, or off the canvas) and the y label, which is rotated, no taller than it
+    (else it runs into the titles above, or the layout gives up). The width a text needs is in proportion to its
+    panel's size; a few layouts settle it."""
+    texts = [(ax, kind, text) for ax in fig.axes if ax.get_visible()
+             for kind, text in (("title", ax.get_title()), ("ylabel", ax.get_ylabel())) if text]
+    widths = {(ax, kind): max(map(len, text.splitlines())) for ax, kind, text in texts}
+    for _ in range(6):  # each layout moves the panels a little: until nothing changes
         with warnings.catch_warnings():  # a label too tall for its panel collapses the layout until it is fitted
             warnings.filterwarnings("ignore", "constrained_layout not applied")
             fig.canvas.draw()
-        taller = {ax: ax.get_window_extent().height / ax.yaxis.label.get_window_extent().height for ax in labels}
-        taller = {ax: fits for ax, fits in taller.items() if fits < 1 and widths[ax] > SHORTEST_WRAP}
-        if not taller:
+        changed = False
+        for ax, kind, text in texts:
+            panel = ax.get_window_extent()
+            drawn = (ax.title if kind == "title" else ax.yaxis.label).get_window_extent()
+            fits = 0.97 * (panel.width / drawn.width if kind == "title" else panel.height / drawn.height)
+            if fits < 1 and widths[ax, kind] > SHORTEST_WRAP:
+                widths[ax, kind] = max(SHORTEST_WRAP, min(widths[ax, kind] - 1, int(widths[ax, kind] * fits)))
+                (ax.set_title if kind == "title" else ax.set_ylabel)(wrap_label(text, widths[ax, kind]))
+                changed = True
+        if not changed:
             return
-        for ax, fits in taller.items():
-            widths[ax] = max(SHORTEST_WRAP, min(widths[ax] - 1, int(widths[ax] * fits)))
-            ax.set_ylabel(wrap_label(labels[ax], widths[ax]))
 
 
 def finish(fig, axes, title: str, ncols: int = 2) -> None:
-    """A figure's title, its panels' y labels fitted (fit_ylabels) and its one legend (legend_below), in this order:
-    the title takes height from the panels, and the legend adds its own."""
+    """A figure's title, its panels' titles and y labels fitted (fit_labels) and its one legend (legend_below), in
+    this order: the title takes height from the panels, and the legend adds its own."""
     fig.suptitle(title)
-    fit_ylabels(fig)
+    fit_labels(fig)
     legend_below(fig, axes, ncols)
 
 

@@ -19,7 +19,7 @@ from normlab.probe.figure import (
     Null,
     angles_by_layer_figure,
     finish,
-    fit_ylabels,
+    fit_labels,
     legend_below,
     norm_styles,
     null_bands,
@@ -46,6 +46,7 @@ UNIGRAM_LABEL = "unigram loss (token frequencies only)"
 SEED_COLOR = "tab:gray"  # a seed's own line in the legend, and its paired difference
 ANGLE_LABEL = "angle (degrees)\nmean, bars ± std over tokens"
 YLABEL_WIDTH = 38  # characters: a y label's line as long as a loss-difference panel is high
+TICK_WIDTH = 30  # characters: a line of a comparison's label under its tick
 
 
 def references_figure(title: str, series: list[Series]) -> Figure | None:
@@ -221,7 +222,8 @@ def losses_figure(group: Group) -> Figure:
     for first in range(0, len(group.comparisons), per_row):
         row = [f"difference {i}" for i in range(first, min(first + per_row, len(group.comparisons)))]
         mosaic.append([panel for panel in row + ["."] * (per_row - len(row)) for _ in range(width // per_row)])
-    fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, 2.6 * len(mosaic)), layout="constrained")
+    heights = [2.6] + [3.2] * (len(mosaic) - 1)  # inches: a difference panel's title has three to five lines
+    fig, axes = plt.subplot_mosaic(mosaic, figsize=(7.2, sum(heights)), height_ratios=heights, layout="constrained")
     window = 10
     norm_and_seed_handles(axes["train"], {group.label(a): styles[group.label(a)].color for a in group.arms()}, seeds)
     for run in group.runs:
@@ -276,7 +278,7 @@ def draw_final_differences(ax, comparisons: list[Comparison]) -> None:
             ax.errorbar([x + 0.15], [interval.mean], yerr=errors, fmt="D", ms=4, capsize=4, color="black",
                         label=f"mean, t 95% interval over {interval.n} seeds")
     ax.axhline(0, color="black", lw=0.6)
-    ax.set_xticks(range(len(comparisons)), [wrapped(c.label, 30) for c in comparisons])
+    ax.set_xticks(range(len(comparisons)), [wrapped(c.label, TICK_WIDTH) for c in comparisons])
     ax.set_xlim(-0.6, len(comparisons) - 0.4)
     meanings = {difference_meaning(c) for c in comparisons}
     if len(meanings) == 1:  # one difference in every comparison (the centring alone, or one pair of norms)
@@ -295,7 +297,8 @@ def loss_differences_figure(group: Group) -> Figure | None:
     if not kinds:
         return None
     width = max(1.8 * len(comparisons) + 0.6 * sum(not c.centring for c in comparisons) for comparisons in kinds)
-    fig, axes = plt.subplots(len(kinds), 1, figsize=(1.6 + width, 2.4 * len(kinds)), squeeze=False,
+    ticks = max(len(wrapped(c.label, TICK_WIDTH).splitlines()) for c in group.comparisons)  # lines of the longest
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(1.6 + width, (1.9 + 0.13 * ticks) * len(kinds)), squeeze=False,
                              layout="constrained")
     for (ax,), comparisons in zip(axes, kinds):
         draw_final_differences(ax, comparisons)
@@ -384,7 +387,7 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     pointwise = ", ".join(s.norm for s in series if not s.normalizes)
     before = f"\n{pointwise}: its input centred before its point-wise map" if pointwise else ""
     ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added){before}\ncheckpoints at {steps}")
-    fit_ylabels(fig)
+    fit_labels(fig)
     legend_below(fig, [ax])
     return fig
 
