@@ -222,6 +222,8 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
                 f"trainer.val_check_interval={steps}",
                 f"checkpoints.every={steps}",
                 "probe.tokens=8192",
+                "data.val_tokens=4096",
+                "probe.null_directions=16",
             ]
         )  # validation and checkpoints after the last step
         twin = PlainTwin(cfg)
