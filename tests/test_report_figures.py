@@ -119,7 +119,8 @@ def test_the_loss_figure_gives_validation_its_own_axis_and_the_paired_difference
         interval = Interval.of(values)
         assert sorted({round(y, 9) for x, y in corners if x == step}) == pytest.approx([interval.low, interval.high])
     final = Interval.of([0.02, 0.03])  # 0.025 +- 12.7062 x 0.00707 / sqrt 2
-    assert one_line(difference.get_title()).endswith(f"step 10: {final.text()}") and final.text() == "+0.0250 [-0.0385, +0.0885]"
+    assert one_line(difference.get_title()).endswith(f"step 10: {final.text()}")
+    assert final.text() == "+0.0250 [-0.0385, +0.0885]"
     # the bias differs too: the sign names the norms, not the centring
     assert "> 0: rmsnorm higher than layernorm" in one_line(difference.get_ylabel())
     assert "nats/token" in difference.get_ylabel() and "centr" not in difference.get_ylabel()
@@ -362,8 +363,8 @@ def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_f
             styles[norm] = (to_rgba(line.get_color()), line.get_marker())
         assert len({color for color, _ in styles.values()}) == len({marker for _, marker in styles.values()}) == len(
             norms)
-        validation = {line.get_label(): line for ax in losses_figure(group).axes
-                      if one_line(ax.get_title()).startswith("validation loss") for line in ax.get_lines()}  # DyT's: its own
+        validation = {line.get_label(): line for ax in losses_figure(group).axes  # DyT's panel: its own
+                      if one_line(ax.get_title()).startswith("validation loss") for line in ax.get_lines()}
         assert all(to_rgba(validation[f"_{norm} seed 0"].get_color()) == styles[norm][0] for norm in norms)
         drawn.append(styles)
     assert all(drawn[0][norm] == drawn[1][norm] for norm in users)

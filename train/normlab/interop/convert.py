@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common import outputs
 from normlab.common.paths import CONF_DIR
 from normlab.model import norms
-from normlab.model.conversion import ConvertError, built, centred_weights, converted, exact_rms_norm
+from normlab.model.conversion import ConvertError, built, centred_weights, converted
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.training import loader
 from normlab.training.checkpoint_files import write_checkpoint
@@ -41,14 +41,13 @@ ACCEPTS = "a LayerNorm .ckpt, a run directory or a Hugging Face GPT-2 model dire
 __all__ = ["ConvertError", "centred_weights", "converted", "main"]  # the conversion itself: model/conversion.py
 
 
-def rms_norm_config(layernorm: norms.LayerNorm) -> dict:
-    """The norm config of the converted model: conf/norm/rmsnorm_bias.yaml (rmsnorm.yaml for a LayerNorm without
-    bias), resolved, with the LayerNorm's eps."""
-    name = exact_rms_norm(layernorm)
-    files = [OmegaConf.load(CONF_DIR / "norm" / f"{n}.yaml") for n in dict.fromkeys(("rmsnorm", name))]
-    config = OmegaConf.merge(*files)  # rmsnorm_bias.yaml's defaults list: rmsnorm, then itself
-    config.pop("defaults", None)
-    config.layer.eps = layernorm.eps
+def rms_norm_config(norm: norms.RMSNorm) -> dict:
+    """The norm config of the converted model, given one of its norms: conf/norm/rmsnorm_bias.yaml (rmsnorm.yaml
+    without bias), resolved, with the norm's eps (the LayerNorm's)."""
+    own = OmegaConf.load(CONF_DIR / "norm" / f"{norms.exact_rms_norm(norm.bias is not None)}.yaml")
+    bases = [OmegaConf.load(CONF_DIR / "norm" / f"{n}.yaml") for n in own.pop("defaults", []) if n != "_self_"]
+    config = OmegaConf.merge(*bases, own)  # its defaults list (rmsnorm_bias.yaml: rmsnorm), then itself
+    config.layer.eps = norm.eps
     return OmegaConf.to_container(config, resolve=True)
 
 

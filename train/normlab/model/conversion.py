@@ -65,10 +65,6 @@ def layernorm_of(model: GPT, what: str = "the model") -> norms.LayerNorm:
     return model.ln_f
 
 
-def exact_rms_norm(layernorm: norms.LayerNorm) -> str:
-    """The norm (conf/norm/<name>.yaml) of the RMSNorm model that computes `layernorm`'s function: rmsnorm_bias, or
-    rmsnorm for a LayerNorm without bias (with its eps)."""
-    return "rmsnorm_bias" if layernorm.bias is not None else "rmsnorm"
 
 
 def check_convertible(norm: nn.Module, what: str) -> None:

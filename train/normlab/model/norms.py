@@ -73,6 +73,12 @@ class LayerNorm(Norm):
         return f"{self.weight.shape[0]}, eps={self.eps}, bias={self.bias is not None}"
 
 
+def exact_rms_norm(bias: bool) -> str:
+    """The norm (conf/norm/<name>.yaml) of the RMSNorm model that computes a LayerNorm model's function once its
+    writers are centred (model/conversion.py), for a LayerNorm with or without `bias`: rmsnorm_bias or rmsnorm."""
+    return "rmsnorm_bias" if bias else "rmsnorm"
+
+
 class RMSNorm(Norm):
     centring_pair = True
 

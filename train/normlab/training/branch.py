@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common.errors import ConfigError
 from normlab.common.moved import current_config
 from normlab.model import norms
-from normlab.model.conversion import ConvertError, centred_weights, check_convertible, exact_rms_norm
+from normlab.model.conversion import ConvertError, centred_weights, check_convertible
 from normlab.training.checkpoint_files import intact_checkpoint_of, read_checkpoint, recorded_step
 from normlab.training.run_config import CONFIG_FILE, flat
 
@@ -111,7 +111,7 @@ def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder:
     if traits.bias != (layernorm.bias is not None) or mine.eps != layernorm.eps:
         raise ConfigError(f"norm={cfg.norm.name} (bias {traits.bias}, eps {mine.eps}) is not the exact RMSNorm of "
                           f"{what} (bias {layernorm.bias is not None}, eps {layernorm.eps}): give "
-                          f"norm={exact_rms_norm(layernorm)} with its eps")
+                          f"norm={norms.exact_rms_norm(layernorm.bias is not None)} with its eps")
     if source["model"].get("tie_embeddings"):
         raise ConfigError(f"{what} ties its LM head to its embeddings, which the conversion unties: branch an "
                           "untied source (model.tie_embeddings=false)")
