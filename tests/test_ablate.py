@@ -55,8 +55,6 @@ def tiny(norm, seed=0) -> GPT:
     return model.eval()
 
 
-
-
 @torch.no_grad()
 def greedy_windows(forward, vocab=VOCAB, n=16, seq_len=16) -> torch.Tensor:
     """Windows that the model itself writes (random first token, then its argmax): it predicts them well, so

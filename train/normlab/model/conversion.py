@@ -65,8 +65,6 @@ def layernorm_of(model: GPT, what: str = "the model") -> norms.LayerNorm:
     return model.ln_f
 
 
-
-
 def check_convertible(norm: nn.Module, what: str) -> None:
     """A LayerNorm (normlab's or torch's), else ConvertError naming `what` (the model it is of)."""
     traits = norms.traits(norm)

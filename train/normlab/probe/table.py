@@ -33,12 +33,10 @@ class DamagedTable(AnalysisError):
     """A CSV file with a row cut short or damaged."""
 
 
-
 def run_identity(config: dict, source: str) -> dict:
     """The IDENTITY_COLUMNS of a normlab model, from its run's config."""
     return {"run": config["run_name"], "model": config["model"]["name"], "norm": config["norm"]["name"],
             "seed": config["seed"], "source": source}
-
 
 
 def read_rows(path: str | Path, parse: Callable[[str, str], object], columns=("step",)) -> list[dict]:
