@@ -15,6 +15,7 @@ from normlab.study.report.contrasts import factorial, family, sign_along_trainin
 from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.intervals import POWER, Interval, holm, sign_test_p, t_cdf, t_quantile, two_sided_p
 from normlab.study.report.runs import find_runs
+from normlab.study.report.tables import final_loss_note
 from test_report import make_run, report, write_csv
 
 ARMS = {"layernorm": (True, True), "rmsnorm_bias": (False, True), "layernorm_nobias": (True, False),
@@ -147,6 +148,20 @@ def test_final_loss_is_the_mean_of_the_declared_last_validations(tmp_path):
     run = make_run(tmp_path / "exp", "tiny-layernorm-seed0", settings={"analysis.final_validations": 2})
     (found,), _ = find_runs([run])
     assert found.final_validations == [(5, 3.5), (10, 3.0)] and found.final_val_loss == 3.25
+
+
+def test_final_loss_note_gives_the_learning_rate_over_the_final_validations(tmp_path):
+    """The lr falls by 0.1 of its peak a step (rows logged at step - 1); the final validations are those after 5
+    and 10 steps, where one run's lr was 0.6 and 0.1 of its peak and the other's, a step behind, 0.7 and 0.2."""
+    for seed, lag in ((0, 0), (1, 1)):
+        run = make_run(tmp_path / "exp", f"tiny-layernorm-seed{seed}", seed=seed,
+                       settings={"analysis.final_validations": 2})
+        rows = [{"step": s, "lr-AdamW": 3e-3 * (1 - 0.1 * max(s - lag, 0))} for s in range(10)]
+        rows += [{"step": 4, "val/loss": 3.5}, {"step": 9, "val/loss": 3.0}]
+        write_csv(run / "metrics.csv", rows, ["step", "lr-AdamW", "val/loss"])
+    (group,) = group_runs(find_runs([tmp_path / "exp"])[0])
+    assert final_loss_note(group).startswith("Final val loss: the mean of a run's last 2 validations (steps 5, 10), "
+                                             "while the learning rate went from 0.60-0.70x its peak to 0.10-0.20x.")
 
 
 def test_unigram_cross_entropy_by_hand(tmp_path):

@@ -99,8 +99,9 @@ def final_loss_note(group: Group) -> str:
     if not runs:
         return ""
     steps = sorted({s for r in runs for s, _ in r.final_validations})
-    fractions = [f for r in runs if (f := final_lr_fraction(r)) is not None]
-    lr = (f", where the learning rate was {min(fractions):.2f}-{max(fractions):.2f}x its peak" if fractions else "")
+    fractions = [f for r in runs if (f := lr_fractions(r, r.final_validations[0][0])) is not None]
+    lr = (f", while the learning rate went from {fraction_range([f[0] for f in fractions])}x its peak to "
+          f"{fraction_range([f[1] for f in fractions])}x" if fractions else "")
     text = (f"Final val loss: the mean of a run's last {len(runs[0].final_validations)} validation"
             f"{'s' * (len(runs[0].final_validations) > 1)} (steps {step_ranges(steps)}){lr}.")
     if group.unigram_loss is not None and not group.learning_check:
@@ -116,11 +117,22 @@ def final_loss_note(group: Group) -> str:
     return text + "\n"
 
 
-def final_lr_fraction(run: Run) -> float | None:
-    """The learning rate at the run's last logged step as a fraction of its peak (metrics.csv's lr-* column)."""
+def lr_fractions(run: Run, step: int) -> tuple[float, float] | None:
+    """The learning rate at the validation after `step` optimizer steps (its last value logged before: rows are
+    logged at step - 1) and at the run's last logged step, as fractions of its peak (metrics.csv's lr-* column)."""
     column = next((k for k in sorted(run.metrics) if k.startswith("lr-")), None)
-    values = [v for _, v in run.metrics.get(column, [])]
-    return values[-1] / max(values) if values and max(values) > 0 else None
+    series = run.metrics.get(column, [])
+    peak = max((v for _, v in series), default=0)
+    if peak <= 0:
+        return None
+    at_step = [v for s, v in series if s < step] or [series[0][1]]
+    return at_step[-1] / peak, series[-1][1] / peak
+
+
+def fraction_range(values: list[float]) -> str:
+    """0.12, or 0.10-0.11 where the runs differ at two decimals."""
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
