@@ -102,8 +102,11 @@ def final_loss_note(group: Group) -> str:
     fractions = [f for r in runs if (f := lr_fractions(r, r.final_validations[0][0])) is not None]
     lr = (f", while the learning rate went from {fraction_range([f[0] for f in fractions])}x its peak to "
           f"{fraction_range([f[1] for f in fractions])}x" if fractions else "")
+    shared = all([s for s, _ in r.final_validations] == steps for r in runs)  # else each step that any run has
+    where = (f"step {steps[0]:,}" if len(steps) == 1 else f"from step {steps[0]:,} to {steps[-1]:,}" if shared
+             else f"steps {step_ranges(steps)}")
     text = (f"Final val loss: the mean of a run's last {len(runs[0].final_validations)} validation"
-            f"{'s' * (len(runs[0].final_validations) > 1)} (steps {step_ranges(steps)}){lr}.")
+            f"{'s' * (len(runs[0].final_validations) > 1)} ({where}){lr}.")
     if group.unigram_loss is not None and not group.learning_check:
         failed = sum(r.learned is False for r in group.runs)
         text += (f" Learning check: off (learning_check=false): every run is compared, {failed} of {len(group.runs)} "
