@@ -6,8 +6,8 @@ The 2x2 (four norms, each seed a block of four runs that share initial weights a
 and seed s = seed effect + cell effect + noise. Over the seeds every cell has (n of them), the residual of the
 additive model, y - cell mean - seed mean + grand mean, gives one pooled variance on 3(n - 1) degrees of freedom (15
 for 6 seeds, where a paired t of one pair of cells has n - 1 = 5); every effect is a contrast of the cell means, with
-standard error sd x sqrt(sum of its weights² / n). Effects are uncentred − centred and with − without (> 0: the
-centring, or the bias, lowers the loss)."""
+standard error sd x sqrt(sum of its weights² / n). Effects are uncentred − centred and with − without: > 0 says
+the centring lowers the loss, or the bias raises it."""
 
 import math
 import statistics

@@ -90,7 +90,8 @@ def factorial_table(group: Group, members: list[Contrast]) -> str:
                      f"{m.above} of {i.n} ({m.sign_p:.3g}) | ±{i.detectable:.4f} |")
     return ("\n".join(lines) + f"\n\nThe cells: mean final loss over the {seeds_text(len(blocks))} every cell has "
             "(each seed a block: same initial weights, same batches). The effects: contrasts of the cell means with "
-            "the pooled residual of seed + cell (3(n − 1) df); > 0: the centring, or the bias, lowers the loss.\n")
+            "the pooled residual of seed + cell (3(n − 1) df); > 0: the first-named side has the higher loss (the "
+            "centring lowers the loss; the bias raises it; the centring helps more with a bias than without).\n")
 
 
 def final_loss_note(group: Group) -> str:
