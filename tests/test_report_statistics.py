@@ -97,7 +97,8 @@ def test_factorial_matches_an_independent_least_squares_fit(tmp_path):
     assert effects["centring"].interval.mean == pytest.approx(centring, abs=1e-12)
     assert effects["interaction"].interval.mean == pytest.approx(interaction, abs=1e-12)
     bias = ((means["layernorm"] + means["rmsnorm_bias"]) - (means["layernorm_nobias"] + means["rmsnorm"])) / 2
-    assert effects["bias"].interval.mean == pytest.approx(bias, abs=1e-12) < 0  # with − without: the bias lowered it
+    assert bias < 0 and effects["bias"].interval.mean == pytest.approx(bias, abs=1e-12)  # with − without: the bias
+    # lowered the loss here, which a negative effect says
     assert effects["centring"].interval.df == 15 and effects["centring"].interval.sd == pytest.approx(sd, rel=1e-9)
     assert effects["centring"].interval.se == pytest.approx(sd / math.sqrt(6), rel=1e-9)
     assert effects["interaction"].interval.se == pytest.approx(2 * sd / math.sqrt(6), rel=1e-9)
