@@ -36,6 +36,8 @@ from normlab.training.pipeline import build_model
 from test_angles import orthogonal_to_1
 
 VOCAB = 200
+
+
 def norm_factory(name: str):
     """The layers of the norm config `name` as a model builds them (conf/norm/<name>.yaml's norm.layer)."""
     return instantiate(compose_config("train", [f"norm={name}"]).norm.layer)

@@ -473,5 +473,6 @@ def main() -> None:
 
     bench()
 
+
 if __name__ == "__main__":
     main()

@@ -197,8 +197,10 @@ def layer_table(series: list[Series]) -> str:
             cells += [f"{point.mean:.2f}{spread}", f"{point.deviation:+.1f}{marker}", f"{point.share:.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
     d = profiles[0][1][keys[0]].d if keys[0] in profiles[0][1] else None
-    null = f" (null for a random direction: 1/d = {1 / d:.4f})" if d else ""
+    null = (f" (a random direction's averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
+            "percentile among them)") if d else ""
     return "\n".join(lines) + f"\n\nShare along 1: the mean cos² of the angle{null}.\n"
+
 
 def group_section(group: Group, parameters: dict, members: list[Contrast]) -> str:
     text = [f"## {group.title}\n"]
