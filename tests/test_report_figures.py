@@ -157,6 +157,14 @@ def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure
     assert means == pytest.approx([0.03, -0.01])  # with the bias 3.03 - 3.00 in both seeds, without 3.01 - 3.02
 
 
+def test_the_final_differences_figure_says_its_final_loss_is_a_mean_of_validations(tmp_path):
+    for norm, loss in (("layernorm", 3.0), ("rmsnorm", 3.01)):
+        for seed in (0, 1):
+            make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, loss, settings={"analysis.final_validations": 2})
+    final = loss_differences_figure(group_of(tmp_path))
+    assert "final validation loss (the mean of 2 validations, steps 5-10), paired by seed" in final.get_suptitle()
+
+
 DYT_VAL = {("layernorm", 0): {5: 3.60, 10: 3.00}, ("rmsnorm", 0): {5: 3.65, 10: 3.02},
            ("dyt", 0): {5: 4.90, 10: 4.25},  # dyt − layernorm 1.30, 1.25: far above the norms that normalize
            ("layernorm", 1): {5: 3.70, 10: 3.10}, ("rmsnorm", 1): {5: 3.71, 10: 3.13},

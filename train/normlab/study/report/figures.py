@@ -304,9 +304,19 @@ def loss_differences_figure(group: Group) -> Figure | None:
         draw_final_differences(ax, comparisons)
         if len(kinds) == 2:
             ax.set_title("with a point-wise layer" if pointwise(comparisons[0]) else "between normalizing norms")
-    final = steps_title(run.val_step for c in group.comparisons for pair in c.pairs for run in pair)
-    finish(fig, axes.flat, f"{group.title}\nfinal validation loss ({final}), paired by seed", ncols=1)
+    runs = [run for c in group.comparisons for pair in c.pairs for run in pair]
+    finish(fig, axes.flat, f"{group.title}\nfinal validation loss ({final_title(runs)}), paired by seed", ncols=1)
     return fig
+
+
+def final_title(runs) -> str:
+    """What the runs' final losses average: "step 1,600", or "the mean of 4 validations, steps 1,450-1,600"."""
+    steps = sorted({s for run in runs for s, _ in run.final_validations})
+    counts = {len(run.final_validations) for run in runs}
+    if len(steps) < 2 or counts == {1}:
+        return steps_title(run.val_step for run in runs)
+    count = f"{counts.pop()} validations" if len(counts) == 1 else "validations"
+    return f"the mean of {count}, steps {steps[0]:,}-{steps[-1]:,}"
 
 
 ROLE_LEGENDS = {"": "the centring's work", "control": "the control: rounding alone",
