@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgba
 
 from conftest import compose_config
 from normlab.probe.figure import angles_by_layer_figure
-from normlab.study.report.contrasts import factorial
+from normlab.study.report.contrasts import factorial, family
 from normlab.study.report.figures import (
     STYLE,
     UNIGRAM_LABEL,
@@ -159,19 +159,20 @@ def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure
 
 
 def test_the_final_differences_figure_draws_the_interval_its_table_prints(tmp_path):
-    """A 2x2 of 3 seeds with noise: each simple centring effect's bar is the factorial's pooled interval (6 df), as the
-    comparison table prints it, not the pair's own paired t (2 df)."""
+    """A 2x2 of 3 seeds with noise: once the report has made its family, each simple centring effect's bar is the
+    factorial's pooled interval (6 df), as the comparison table prints it, not the pair's own paired t (2 df)."""
     noise = {("layernorm", 0): 0.004, ("rmsnorm_bias", 1): -0.006, ("layernorm_nobias", 2): 0.005,
              ("rmsnorm", 0): -0.003}
     for norm, loss in (("layernorm", 3.0), ("rmsnorm_bias", 3.03), ("layernorm_nobias", 3.02), ("rmsnorm", 3.01)):
         for seed in range(3):
             make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, loss + seed / 10 + noise.get((norm, seed), 0.0))
     group = group_of(tmp_path)
+    paired = {(c.interval.low, c.interval.high) for c in group.comparisons}
+    family([group])  # as normlab-report does before its tables and figures
     (ax,) = loss_differences_figure(group).axes
     bars = [c.lines[2][0].get_segments()[0] for c in ax.containers if c.get_label().startswith("mean, t 95%")]
     effects = factorial(group)
-    for (_, low), (_, high) in bars:
-        assert (low, high) not in {(c.interval.low, c.interval.high) for c in group.comparisons}
+    assert not {(low, high) for (_, low), (_, high) in bars} & paired
     expected = [effects[f"centring {bias} bias"].interval for bias in ("with", "without")]
     assert [end for (_, low), (_, high) in bars for end in (low, high)] == pytest.approx(
         [end for i in expected for end in (i.low, i.high)])

@@ -32,7 +32,6 @@ from normlab.probe.figure import (
 from normlab.probe.profiles import ROLE_TICKS, profile, runs_text, site_key, site_sort
 from normlab.probe.table import REFERENCES
 from normlab.study.report.branches import differences_from_k, shares_from_k
-from normlab.study.report.contrasts import group_family
 from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
@@ -263,13 +262,11 @@ def pointwise(comparison: Comparison) -> bool:
     return not (comparison.base_traits.normalizes and comparison.other_traits.normalizes)
 
 
-def draw_final_differences(ax, comparisons: list[Comparison], intervals: dict[int, Interval]) -> None:
+def draw_final_differences(ax, comparisons: list[Comparison]) -> None:
     """Per comparison: each seed's paired difference of final validation loss, their mean and its t 95% interval
-    over the seeds (none for one pair), the one its table prints (`intervals` by id of the comparison: a 2x2's
-    pooled one), with a y label that says what a difference above 0 means."""
+    over the seeds (none for one pair), with a y label that says what a difference above 0 means."""
     for x, comparison in enumerate(comparisons):
-        differences = comparison.differences
-        interval = intervals.get(id(comparison), comparison.interval)
+        differences, interval = comparison.differences, comparison.interval
         xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
         ax.plot(xs, differences, "o", ms=3, color="tab:gray", label="one seed's pair (its seed beside it)")
         for xi, (base, _), value in zip(xs, comparison.pairs, differences):
@@ -303,9 +300,8 @@ def loss_differences_figure(group: Group) -> Figure | None:
     ticks = max(len(wrapped(c.label, TICK_WIDTH).splitlines()) for c in group.comparisons)  # lines of the longest
     fig, axes = plt.subplots(len(kinds), 1, figsize=(1.6 + width, (1.9 + 0.13 * ticks) * len(kinds)), squeeze=False,
                              layout="constrained")
-    intervals = {id(c.comparison): c.interval for c in group_family(group, None) if c.comparison is not None}
     for (ax,), comparisons in zip(axes, kinds):
-        draw_final_differences(ax, comparisons, intervals)
+        draw_final_differences(ax, comparisons)
         if len(kinds) == 2:
             ax.set_title("with a point-wise layer" if pointwise(comparisons[0]) else "between normalizing norms")
     runs = [run for c in group.comparisons for pair in c.pairs for run in pair]
