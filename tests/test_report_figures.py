@@ -238,8 +238,8 @@ def test_dyt_is_drawn_in_its_colour_with_its_losses_and_differences_on_axes_of_t
     assert mean.get_ydata()[FINAL_INPUT] == pytest.approx(92.5) and to_rgba(mean.get_color()) == dyt_color
     assert mean.get_marker() == conf_style("dyt")["marker"]
     (ax,) = ablation.axes
-    assert errorbar_labelled(ax, "dyt seed 0 centred").lines[0].get_ydata() == pytest.approx([0.1, 0.2])
-    assert "dyt: its input centred before its point-wise map" in one_line(ax.get_title())
+    assert errorbar_labelled(ax, "_dyt seed 0 centred").lines[0].get_ydata() == pytest.approx([0.1, 0.2])
+    assert one_line(ax.get_title()) == "dyt: centred (its input, before its point-wise map)"
 
 
 def test_the_loss_legend_names_each_norm_and_each_seed_once_and_a_run_left_out_by_name(tmp_path):
@@ -364,11 +364,29 @@ def test_the_ablation_figure_tells_seeds_of_one_norm_apart_and_names_the_steps_a
 
     fig = ablation_figure(group.title, group.series())
 
-    (ax,) = fig.axes
-    seed0, seed1 = (errorbar_labelled(ax, f"rmsnorm seed {seed} centred").lines[0] for seed in (0, 1))
+    (ax,) = fig.axes  # a panel per norm with ablation rows: the LN runs have none
+    assert ax.get_title() == "rmsnorm: centred"
+    seed0, seed1 = (errorbar_labelled(ax, f"_rmsnorm seed {seed} centred").lines[0] for seed in (0, 1))
     assert seed0.get_marker() != seed1.get_marker() and seed0.get_color() == seed1.get_color()
     assert list(seed1.get_ydata()) == pytest.approx([0.015, 0.03])  # the site (delta / 2) and all at once
-    assert one_line(ax.get_title()).endswith("checkpoints at steps 8, 10")
+    assert one_line(fig.get_suptitle()).endswith("checkpoints at steps 8, 10")
+    (legend,) = fig.legends  # an entry per seed, with its marker, not one per run
+    assert [t.get_text() for t in legend.get_texts()] == ["seed 0", "seed 1"]
+    assert [h.get_marker() for h in legend.legend_handles] == [seed0.get_marker(), seed1.get_marker()]
+
+
+def test_the_ablation_figure_gives_each_norm_a_panel_on_its_own_scale(tmp_path):
+    """An RMS model's +0.1 beside an LN model's +0.002: each in a panel of its own, its y range its own."""
+    for seed in (0, 1):
+        for norm, delta in (("layernorm", 0.002), ("rmsnorm", 0.1)):
+            make_run(tmp_path, f"{norm}-seed{seed}", norm, seed)
+            write_ablation(tmp_path / f"{norm}-seed{seed}", delta, delta - 0.0005, delta + 0.0005)
+    group = group_of(tmp_path)
+
+    ln, rms = ablation_figure(group.title, group.series()).axes
+    assert ln.get_title().startswith("layernorm:") and rms.get_title().startswith("rmsnorm:")
+    assert ln.get_ylim()[1] < 0.01 < 0.1 < rms.get_ylim()[1]
+    assert not any(t.get_text() for t in ln.get_xticklabels()) and rms.get_xticklabels()[-1].get_text() == "all"
 
 
 def test_a_norm_keeps_its_colour_and_marker_in_every_figure_and_the_norms_of_a_figure_differ(tmp_path):

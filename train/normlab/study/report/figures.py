@@ -19,8 +19,6 @@ from normlab.probe.figure import (
     Null,
     angles_by_layer_figure,
     finish,
-    fit_labels,
-    legend_below,
     norm_styles,
     null_bands,
     offsets,
@@ -371,34 +369,47 @@ def branch_figure(group: Group) -> Figure | None:
 
 
 def ablation_figure(title: str, series: list[Series]) -> Figure | None:
-    """normlab-ablate's change of loss per norm site (and all at once), with its CI, every norm and seed overlaid
-    (colour: norm, marker: the norm's k-th seed); None without ablation rows."""
-    drawn = [(s, k, label, kind, [r for r in last_rows(rows) if (r.get("ablation") or "") == kind])
-             for s in series for k, (label, rows) in enumerate(zip(s.labels, s.ablations))
-             for kind in sorted({r.get("ablation") or "" for r in last_rows(rows)})]
-    if not drawn:
+    """normlab-ablate's change of loss per norm site (and all at once), with its CI: a panel per norm (and kind of
+    ablation), its seeds (or models) side by side at each site, each with its marker in every panel; None without
+    ablation rows. Panels of their own keep a norm's scale (an RMS model's +0.1 would flatten an LN one's 0.002) and
+    the legend to one entry per seed, not one per run."""
+    panels = [(s, kind, [(label, [r for r in last_rows(rows) if (r.get("ablation") or "") == kind])
+                         for label, rows in zip(s.labels, s.ablations)])
+              for s in series for kind in sorted({r.get("ablation") or "" for rows in s.ablations
+                                                  for r in last_rows(rows)})]
+    panels = [(s, kind, [(label, rows) for label, rows in runs if rows]) for s, kind, runs in panels]
+    panels = [panel for panel in panels if panel[2]]
+    if not panels:
         return None
     styles = norm_styles(series)
-    keys = sorted({site_key(r) for *_, rows in drawn for r in rows}, key=site_sort)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(keys) * len(drawn) ** 0.5 + 2), 3.0), layout="constrained")
-    for (s, k, label, kind, rows), dx in zip(drawn, offsets(len(drawn))):
-        rows = sorted(rows, key=lambda r: site_sort(site_key(r)))
-        deltas = [r["delta"] for r in rows]
-        lows = [r["ci_low"] if r.get("ci_low") is not None else r["delta"] for r in rows]
-        highs = [r["ci_high"] if r.get("ci_high") is not None else r["delta"] for r in rows]
-        errors = [[d - low for d, low in zip(deltas, lows)], [high - d for d, high in zip(deltas, highs)]]
-        ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors,
-                    fmt=SEED_MARKERS[k % len(SEED_MARKERS)], ms=3, capsize=1.5, lw=0.8,
-                    color=styles[s.norm].color, label=" ".join(filter(None, (s.norm, label, kind))))
-    ax.axhline(0, color="black", lw=0.6)
-    site_axis(ax, keys)
-    ax.set_ylabel("Δ loss, ablated − as trained\n(nats/token, 95% bootstrap CI)")
-    steps = steps_title(r.get("step") for *_, rows in drawn for r in rows)
-    pointwise = ", ".join(s.norm for s in series if not s.normalizes)
-    before = f"\n{pointwise}: its input centred before its point-wise map" if pointwise else ""
-    ax.set_title(f"{title}: centring ablated (LN: removed, RMS: added){before}\ncheckpoints at {steps}")
-    fit_labels(fig)
-    legend_below(fig, [ax])
+    labels = list(dict.fromkeys(label for *_, runs in panels for label, _ in runs))  # a marker per seed or model
+    keys = sorted({site_key(r) for *_, runs in panels for _, rows in runs for r in rows}, key=site_sort)
+    most = max(len(runs) for *_, runs in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(4.0, 0.3 * len(keys) * most ** 0.5 + 2),
+                                                      0.5 + 1.4 * len(panels)), squeeze=False, layout="constrained")
+    for i, ((ax,), (s, kind, runs)) in enumerate(zip(axes, panels)):
+        for (label, rows), dx in zip(runs, offsets(len(runs))):
+            rows = sorted(rows, key=lambda r: site_sort(site_key(r)))
+            deltas = [r["delta"] for r in rows]
+            lows = [r["ci_low"] if r.get("ci_low") is not None else r["delta"] for r in rows]
+            highs = [r["ci_high"] if r.get("ci_high") is not None else r["delta"] for r in rows]
+            errors = [[d - low for d, low in zip(deltas, lows)], [high - d for d, high in zip(deltas, highs)]]
+            marker = SEED_MARKERS[labels.index(label) % len(SEED_MARKERS)]
+            ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors, fmt=marker, ms=3,
+                        capsize=1.5, lw=0.8, color=styles[s.norm].color,
+                        label="_" + " ".join(filter(None, (s.norm, label, kind))))
+        ax.axhline(0, color="black", lw=0.6)
+        site_axis(ax, keys)
+        ax.tick_params(labelbottom=i == len(panels) - 1)  # the sites named once, below the last panel
+        ax.set_title(" ".join(filter(None, (f"{s.norm}:", kind or "ablated", "" if s.normalizes else
+                                            "(its input, before its point-wise map)"))))
+        ax.set_ylabel("Δ loss\n(nats/token)")
+    for label in labels:
+        axes[0][0].plot([], [], SEED_MARKERS[labels.index(label) % len(SEED_MARKERS)], color=SEED_COLOR, ms=3,
+                        label=label)
+    steps = steps_title(r.get("step") for *_, runs in panels for _, rows in runs for r in rows)
+    finish(fig, axes.flat, f"{title}: centring ablated (LN: removed, RMS: added)\nΔ loss, ablated − as trained "
+           f"(95% CI)\ncheckpoints at {steps}", ncols=6)
     return fig
 
 
