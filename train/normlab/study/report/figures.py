@@ -373,16 +373,17 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     ablation), its seeds (or models) side by side at each site, each with its marker in every panel; None without
     ablation rows. Panels of their own keep a norm's scale (an RMS model's +0.1 would flatten an LN one's 0.002) and
     the legend to one entry per seed, not one per run."""
-    panels = [(s, kind, [(label, [r for r in last_rows(rows) if (r.get("ablation") or "") == kind])
-                         for label, rows in zip(s.labels, s.ablations)])
-              for s in series for kind in sorted({r.get("ablation") or "" for rows in s.ablations
-                                                  for r in last_rows(rows)})]
-    panels = [(s, kind, [(label, rows) for label, rows in runs if rows]) for s, kind, runs in panels]
-    panels = [panel for panel in panels if panel[2]]
+    panels = []  # (series, kind of ablation, [(seed or model, its rows of that kind at its newest step)])
+    for s in series:
+        newest = [(label, last_rows(rows)) for label, rows in zip(s.labels, s.ablations)]
+        for kind in sorted({r.get("ablation") or "" for _, rows in newest for r in rows}):
+            panels.append((s, kind, [(label, of_kind) for label, rows in newest
+                                     if (of_kind := [r for r in rows if (r.get("ablation") or "") == kind])]))
     if not panels:
         return None
     styles = norm_styles(series)
-    labels = list(dict.fromkeys(label for *_, runs in panels for label, _ in runs))  # a marker per seed or model
+    labels = list(dict.fromkeys(label for *_, runs in panels for label, _ in runs))
+    markers = {label: SEED_MARKERS[k % len(SEED_MARKERS)] for k, label in enumerate(labels)}  # the same in each panel
     keys = sorted({site_key(r) for *_, runs in panels for _, rows in runs for r in rows}, key=site_sort)
     most = max(len(runs) for *_, runs in panels)
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(4.0, 0.3 * len(keys) * most ** 0.5 + 2),
@@ -394,8 +395,7 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
             lows = [r["ci_low"] if r.get("ci_low") is not None else r["delta"] for r in rows]
             highs = [r["ci_high"] if r.get("ci_high") is not None else r["delta"] for r in rows]
             errors = [[d - low for d, low in zip(deltas, lows)], [high - d for d, high in zip(deltas, highs)]]
-            marker = SEED_MARKERS[labels.index(label) % len(SEED_MARKERS)]
-            ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors, fmt=marker, ms=3,
+            ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors, fmt=markers[label], ms=3,
                         capsize=1.5, lw=0.8, color=styles[s.norm].color,
                         label="_" + " ".join(filter(None, (s.norm, label, kind))))
         ax.axhline(0, color="black", lw=0.6)
@@ -404,9 +404,8 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
         ax.set_title(" ".join(filter(None, (f"{s.norm}:", kind or "ablated", "" if s.normalizes else
                                             "(its input, before its point-wise map)"))))
         ax.set_ylabel("Δ loss\n(nats/token)")
-    for label in labels:
-        axes[0][0].plot([], [], SEED_MARKERS[labels.index(label) % len(SEED_MARKERS)], color=SEED_COLOR, ms=3,
-                        label=label)
+    for label, marker in markers.items():
+        axes[0][0].plot([], [], marker, color=SEED_COLOR, ms=3, label=label)
     steps = steps_title(r.get("step") for *_, runs in panels for _, rows in runs for r in rows)
     finish(fig, axes.flat, f"{title}: centring ablated (LN: removed, RMS: added)\nΔ loss, ablated − as trained "
            f"(95% CI)\ncheckpoints at {steps}", ncols=6)
