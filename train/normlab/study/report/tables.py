@@ -197,7 +197,7 @@ def layer_table(series: list[Series]) -> str:
             cells += [f"{point.mean:.2f}{spread}", f"{point.deviation:+.1f}{marker}", f"{point.share:.4f}"]
         lines.append("| " + " | ".join(cells) + " |")
     d = profiles[0][1][keys[0]].d if keys[0] in profiles[0][1] else None
-    null = (f" (a random direction's averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
+    null = (f" (a random direction's share averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
             "percentile among them)") if d else ""
     return "\n".join(lines) + f"\n\nShare along 1: the mean cos² of the angle{null}.\n"
 
