@@ -176,3 +176,17 @@ def test_a_branch_whose_source_is_gone_is_compared_without_it_and_says_so(tmp_pa
     (note,) = {r.note for r in group.runs if r.note.startswith("its source")}
     assert "tiny-layernorm-seed2 is not there" in note
     assert len(comparison([group], "").pairs) == 3 and not math.isnan(comparison([group], "").interval.mean)
+
+
+def test_a_branch_group_without_its_converted_arm_says_what_its_primary_contrast_needs(tmp_path):
+    for seed in SEEDS:  # the LayerNorm branches and the control, but no converted branch finished
+        found = source(tmp_path / "norm_arms", seed)
+        for arm in ("layernorm", "control"):
+            branch(tmp_path / "branch", arm, seed, found, 4)
+
+    report(f"runs={tmp_path / 'branch'}", f"out={tmp_path / 'out'}")
+
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert ("Primary contrast of tiny (analysis.primary=centring): not estimable here, as it needs an "
+            "uncentred branch and the centred one of the same sources, finished.") in summary
+    assert "2x2" not in summary.split("## Verdict")[1].split("The family")[0]

@@ -193,8 +193,11 @@ def primary_text(members: list[Contrast]) -> str:
                          f"they trained; every other comparison is secondary): {loss_cell(primary)} "
                          f"({primary.method}).")
         elif name:
+            needs = ("an uncentred branch and the centred one of the same sources, finished"
+                     if group.branch_step is not None and name == "centring"
+                     else "all four norms of the centring × bias 2x2 with 2 or more seeds in each")
             lines.append(f"Primary contrast of {group.title} (analysis.primary={name}): not estimable here, as it "
-                         "needs all four norms of the centring × bias 2x2 with 2 or more seeds in each.")
+                         f"needs {needs}.")
     family_size = sum(m.interval.p is not None for m in members)
     lines.append(f"The family: {family_size} comparison{'' if family_size == 1 else 's'} with an interval, "
                  "Holm-adjusted together (the verdict's loss cells, the factorial's effects, the comparison tables).")
