@@ -160,6 +160,7 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
             ) in summary
     assert "| tiny-rmsnorm-seed3 | rmsnorm | 3 |" in summary and "| 6 of 10 |" in summary
     assert "**unfinished: step 6 of 10: left out**" in summary
+    assert "Final val loss: the mean of a run's last 1 validation (step 10)." in summary  # of the compared runs
     assert "tiny-layernorm-seed3 | layernorm | 3 |" in summary and "no run of the other norm with its seed" in summary
     assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
     assert "9.9" not in summary

@@ -95,8 +95,10 @@ def factorial_table(group: Group, members: list[Contrast]) -> str:
 
 
 def final_loss_note(group: Group) -> str:
-    """What the group's final losses are, where its learning rate then was, and the learning check's yardstick."""
-    runs = [r for r in group.runs if r.final_validations]
+    """What the group's final losses are, where its learning rate then was, and the learning check's yardstick: of
+    the runs compared (an unfinished run's last validations are earlier; its row says so), else of every run."""
+    measured = [r for r in group.runs if r.final_validations]
+    runs = [r for r in measured if not r.left_out] or measured
     if not runs:
         return ""
     steps = sorted({s for r in runs for s, _ in r.final_validations})
