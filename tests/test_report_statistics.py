@@ -166,11 +166,11 @@ def test_final_loss_note_gives_the_learning_rate_over_the_final_validations(tmp_
     assert final_loss_note(group).startswith("Final val loss: the mean of a run's last 2 validations (from step 5 to "
                                              "10), while the learning rate went from 0.60-0.70x its peak to "
                                              "0.10-0.20x.")
-    stopped = make_run(tmp_path / "exp", "tiny-layernorm-seed2", seed=2, settings={"analysis.final_validations": 2})
-    rows = [{"step": 4, "val/loss": 3.5}, {"step": 7, "val/loss": 3.0}]
-    write_csv(stopped / "metrics.csv", rows, ["step", "val/loss"])
+    sparse = make_run(tmp_path / "exp", "tiny-layernorm-seed2", seed=2, settings={"analysis.final_validations": 2})
+    rows = [{"step": 2, "val/loss": 3.5}, {"step": 9, "val/loss": 3.0}]  # validated after 3 and 10 steps
+    write_csv(sparse / "metrics.csv", rows, ["step", "val/loss"])
     (group,) = group_runs(find_runs([tmp_path / "exp"])[0])  # runs whose last validations differ: each step named
-    assert "last 2 validations (steps 5, 8, 10), while" in final_loss_note(group)
+    assert "last 2 validations (steps 3, 5, 10), while" in final_loss_note(group)
 
 
 def test_unigram_cross_entropy_by_hand(tmp_path):
