@@ -134,7 +134,9 @@ def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_fr
     assert len(found) == 3 and {r["seeds"] for r in found} == {"3"}
     restart = next(r for r in found if "source, continuing" in r["comparison"])
     assert float(restart["mean"]) == pytest.approx(0.021)
-    assert len(list((reported / "out").glob("branch_*.png"))) == 2  # a figure per K
+    # a figure per K, named by the setting that sets its group apart
+    assert sorted(p.name for p in (reported / "out").glob("branch_*.png")) == [
+        "branch_tiny-branch.step_4.png", "branch_tiny-branch.step_6.png"]
 
 
 def test_the_converted_branch_growing_a_1_component_is_found_and_drawn(reported):
