@@ -129,6 +129,9 @@ def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_fr
     converted_at = {step: cells.split(" | ")[0] for step, cells in rows.items()}
     assert converted_at[4].startswith("+0.0000 [+0.0000, +0.0000]")  # one function at K
     assert converted_at[6].startswith("+0.0260 [")  # (0.05 + 0.002 seed) / 2, over seeds 0-2
+    # the control's final differences, 1e-5 (seed − 1): ±4.3027 x 1e-5 / sqrt(3), in digits that show it
+    control = next(line for line in summary.splitlines() if "| rmsnorm_bias (zero-mean writers) − layernorm" in line)
+    assert re.search(r"training\): [+-]\d\.\de[+-]\d\d \[-2\.5e-05, \+2\.5e-05\] \(t over 3 seeds", control)
     with open(reported / "out/branch_losses.csv") as f:
         found = [r for r in csv.DictReader(f) if r["branch_step"] == "6" and r["step"] == "8"]
     assert len(found) == 3 and {r["seeds"] for r in found} == {"3"}

@@ -46,6 +46,18 @@ def test_holm_reproduces_the_issues_two_centring_comparisons():
     assert holm([Interval.of([0.1])])[0].holm_p is None  # one pair: no interval, not in the family
 
 
+def test_an_interval_within_5e_4_of_0_is_printed_in_significant_digits_not_as_zeros():
+    """A control's rounding floor, differences of a few 1e-6, would read -0.0000 [-0.0000, +0.0000] at 4 decimals."""
+    # mean 1.33e-6, se 2.08e-6 / sqrt(3) = 1.20e-6: half 4.3027 se = 5.17e-6, t 1.11 on 2 df: p 0.383 (alone in its
+    # family); 80% power at (4.3027 + 1.0607) se = 6.45e-6
+    (floor,) = holm([Interval.of([2e-6, -1e-6, 3e-6])])
+    assert floor.text("3 seeds") == "+1.3e-06 [-3.8e-06, +6.5e-06] (t over 3 seeds)"
+    assert floor.holm_text() == "Holm [-3.8e-06, +6.5e-06], p 0.383" and floor.detectable_text() == "±6.4e-06"
+    assert Interval.of([0.0012, -0.0004]).text() == "+0.0004 [-0.0098, +0.0106]"  # its ends beyond 5e-4: decimals
+    assert Interval.of([0.0, 0.0]).text() == "+0.0000 [+0.0000, +0.0000]"  # exactly 0 says so
+    assert Interval.of([3e-5]).text() == "+3.0e-05 (1 pair: no interval)"
+
+
 def test_sign_test_is_the_exact_binomial():
     assert sign_test_p(3, 3) == 0.25 and sign_test_p(0, 3) == 0.25
     assert sign_test_p(6, 6) == 2 / 64 and sign_test_p(5, 6) == pytest.approx(2 * 7 / 64)

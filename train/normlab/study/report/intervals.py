@@ -125,17 +125,28 @@ class Interval:
             return None
         return (t_quantile_975(self.df) + t_quantile(POWER, self.df)) * self.se
 
+    def number(self, value: float, sign: str = "+") -> str:
+        """A number on this interval's scale: 4 decimals, or 2 significant digits where the whole interval lies
+        within ±5e-4, which 4 decimals would print as -0.0000 [-0.0000, +0.0000] (a control's rounding floor)."""
+        ends = [abs(v) for v in (self.mean, self.low, self.high, self.holm_low, self.holm_high) if v is not None]
+        return f"{value:{sign}.1e}" if 0 < max(ends) < 5e-4 else f"{value:{sign}.4f}"
+
     def text(self, over: str = "") -> str:
         """The mean and its interval; `over`: what was resampled ("2 seeds"), said beside the interval."""
         if self.low is None:
-            return f"{self.mean:+.4f} (1 pair: no interval)"
-        return f"{self.mean:+.4f} [{self.low:+.4f}, {self.high:+.4f}]" + (f" (t over {over})" if over else "")
+            return f"{self.number(self.mean)} (1 pair: no interval)"
+        return (f"{self.number(self.mean)} [{self.number(self.low)}, {self.number(self.high)}]"
+                + (f" (t over {over})" if over else ""))
 
     def holm_text(self) -> str:
         """The Holm-adjusted twin: '[a, b], p_Holm 0.08'."""
         if self.holm_low is None:
             return "no Holm interval"
-        return f"Holm [{self.holm_low:+.4f}, {self.holm_high:+.4f}], p {self.holm_p:.3g}"
+        return f"Holm [{self.number(self.holm_low)}, {self.number(self.holm_high)}], p {self.holm_p:.3g}"
+
+    def detectable_text(self) -> str:
+        """'±x': the smallest difference detected with POWER (detectable), '—' without a spread."""
+        return "—" if self.detectable is None else f"±{self.number(self.detectable, '')}"
 
 
 def holm(intervals: list[Interval]) -> list[Interval]:

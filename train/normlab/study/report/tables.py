@@ -57,13 +57,12 @@ def comparison_table(group: Group, members: list[Contrast]) -> str:
     for m in [m for m in members if m.comparison in group.comparisons]:
         c, i = m.comparison, m.interval
         seeds = ", ".join(str(base.seed) for base, _ in c.pairs)
-        per_seed = ", ".join(f"{d:+.4f}" for d in c.differences)
-        ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}] ({i.df} df)"
+        per_seed = ", ".join(i.number(d) for d in c.differences)
+        ci = "no interval: one pair" if i.low is None else f"[{i.number(i.low)}, {i.number(i.high)}] ({i.df} df)"
         excludes = "—" if i.holm_excludes_zero is None else "**yes**" if i.holm_excludes_zero else "no"
-        power = "—" if i.detectable is None else f"±{i.detectable:.4f}"
-        lines.append(f"| {c.label} | {m.method} | {i.n} ({seeds}) | {per_seed} | {i.mean:+.4f} | {ci} | "
+        lines.append(f"| {c.label} | {m.method} | {i.n} ({seeds}) | {per_seed} | {i.number(i.mean)} | {ci} | "
                      f"{i.holm_text() if i.low is not None else '—'} | {excludes} | {m.above} of {i.n} "
-                     f"({m.sign_p:.3g}) | {power} | {sign_along_training(c)} |")
+                     f"({m.sign_p:.3g}) | {i.detectable_text()} | {sign_along_training(c)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -87,7 +86,7 @@ def factorial_table(group: Group, members: list[Contrast]) -> str:
     for m in effects:
         i, role = m.interval, "**primary**: " if m.primary else ""
         lines.append(f"| {role}{m.label} | {i.text(f'{i.n} seeds, {i.df} df')} | {i.holm_text()} | "
-                     f"{m.above} of {i.n} ({m.sign_p:.3g}) | ±{i.detectable:.4f} |")
+                     f"{m.above} of {i.n} ({m.sign_p:.3g}) | {i.detectable_text()} |")
     return ("\n".join(lines) + f"\n\nThe cells: mean final loss over the {seeds_text(len(blocks))} every cell has "
             "(each seed a block: same initial weights, same batches). The effects: contrasts of the cell means with "
             "the pooled residual of seed + cell (3(n − 1) df); > 0: the first-named side has the higher loss (the "

@@ -179,7 +179,7 @@ def loss_cell(member: Contrast) -> str:
     verdict = "**excludes 0 after Holm**" if interval.holm_excludes_zero else (
         "excludes 0 alone, not after Holm" if interval.excludes_zero else "includes 0")
     return (f"{member.label}: {interval.text(f'{seeds_text(interval.n)}, {interval.df} df')}, "
-            f"{interval.holm_text()}: {verdict}; {member.sign_text()}; 80% power at ±{interval.detectable:.4f}")
+            f"{interval.holm_text()}: {verdict}; {member.sign_text()}; 80% power at {interval.detectable_text()}")
 
 
 def primary_text(members: list[Contrast]) -> str:
