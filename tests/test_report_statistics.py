@@ -166,19 +166,21 @@ def test_final_loss_is_the_mean_of_the_declared_last_validations(tmp_path):
 
 
 def test_final_loss_note_gives_the_learning_rate_over_the_final_validations(tmp_path):
-    """The lr falls by 0.1 of its peak a step (rows logged at step - 1); the final validations are those after 5
-    and 10 steps, where one run's lr was 0.6 and 0.1 of its peak and the other's, a step behind, 0.7 and 0.2."""
+    """The lr falls by 0.1 of its peak (optimizer.lr) a step (rows logged at step - 1); the final validations are
+    those after 5 and 10 steps, where one run's lr was 0.6 and 0.1 of its peak and the other's, a step behind, 0.7
+    and 0.2. The first logs its lr from step 3 on, as a branch from K = 3 does: its peak is still the schedule's."""
     for seed, lag in ((0, 0), (1, 1)):
         run = make_run(tmp_path / "exp", f"tiny-layernorm-seed{seed}", seed=seed,
-                       settings={"analysis.final_validations": 2})
-        rows = [{"step": s, "lr-AdamW": 3e-3 * (1 - 0.1 * max(s - lag, 0))} for s in range(10)]
+                       settings={"analysis.final_validations": 2, "optimizer.lr": 3e-3})
+        rows = [{"step": s, "lr-AdamW": 3e-3 * (1 - 0.1 * max(s - lag, 0))} for s in range(3 * (lag == 0), 10)]
         rows += [{"step": 4, "val/loss": 3.5}, {"step": 9, "val/loss": 3.0}]
         write_csv(run / "metrics.csv", rows, ["step", "lr-AdamW", "val/loss"])
     (group,) = group_runs(find_runs([tmp_path / "exp"])[0])
     assert final_loss_note(group).startswith("Final val loss: the mean of a run's last 2 validations (from step 5 to "
                                              "10), while the learning rate went from 0.60-0.70x its peak to "
                                              "0.10-0.20x.")
-    sparse = make_run(tmp_path / "exp", "tiny-layernorm-seed2", seed=2, settings={"analysis.final_validations": 2})
+    sparse = make_run(tmp_path / "exp", "tiny-layernorm-seed2", seed=2,
+                      settings={"analysis.final_validations": 2, "optimizer.lr": 3e-3})
     rows = [{"step": 2, "val/loss": 3.5}, {"step": 9, "val/loss": 3.0}]  # validated after 3 and 10 steps
     write_csv(sparse / "metrics.csv", rows, ["step", "val/loss"])
     (group,) = group_runs(find_runs([tmp_path / "exp"])[0])  # runs whose last validations differ: each step named

@@ -124,11 +124,14 @@ def final_loss_note(group: Group) -> str:
 
 def lr_fractions(run: Run, step: int) -> tuple[float, float] | None:
     """The learning rate at the validation after `step` optimizer steps (its last value logged before: rows are
-    logged at step - 1) and at the run's last logged step, as fractions of its peak (metrics.csv's lr-* column)."""
+    logged at step - 1) and at the run's last logged step (metrics.csv's lr-* column), as fractions of its peak: the
+    schedule's, optimizer.lr, where the config gives it (a branch logs its lr from step K on, past the peak), else the
+    largest logged."""
     column = next((k for k in sorted(run.metrics) if k.startswith("lr-")), None)
     series = run.metrics.get(column, [])
-    peak = max((v for _, v in series), default=0)
-    if peak <= 0:
+    declared = (run.config.get("optimizer") or {}).get("lr")
+    peak = declared if isinstance(declared, (int, float)) and declared > 0 else max((v for _, v in series), default=0)
+    if not series or peak <= 0:
         return None
     at_step = [v for s, v in series if s < step] or [series[0][1]]
     return at_step[-1] / peak, series[-1][1] / peak
