@@ -39,7 +39,7 @@ def comparison_rows(members: list[Contrast]) -> list[dict]:
     for m in members:
         i = m.interval
         rows.append({"group": m.group.title, "comparison": m.label, "method": m.method, "effect": m.effect,
-                     "primary": m.primary, "seeds": i.n, "per_seed": " ".join(f"{d:.6f}" for d in m.per_seed),
+                     "primary": m.primary, "seeds": i.n, "per_seed": " ".join(f"{d:.9g}" for d in m.per_seed),
                      "mean": i.mean, "sd": i.sd, "se": i.se, "df": i.df, "ci_low": i.low, "ci_high": i.high, "p": i.p,
                      "holm_low": i.holm_low, "holm_high": i.holm_high, "holm_p": i.holm_p, "above_0": m.above,
                      "sign_test_p": m.sign_p, "detectable_80": i.detectable,
@@ -64,7 +64,7 @@ def ablation_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dic
 
 def branch_loss_rows(groups: list[Group]) -> list[dict]:
     return [{"group": g.title, "branch_step": g.branch_step, "comparison": c.label, "step": d.step, "seeds": i.n,
-             "per_seed": " ".join(f"{v:.6f}" for v in d.per_seed), "mean": i.mean, "ci_low": i.low, "ci_high": i.high}
+             "per_seed": " ".join(f"{v:.9g}" for v in d.per_seed), "mean": i.mean, "ci_low": i.low, "ci_high": i.high}
             for g in groups if g.branch_step is not None for c in g.comparisons
             for d in differences_from_k(c) for i in [d.interval]]
 
