@@ -342,13 +342,16 @@ def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
         group.check_and_pair(declared)
     for model in {g.model for g in groups}:
         same_model = [g for g in groups if g.model == model]
-        # one setting apart (branch.step=200): named by it; else by a hash of the settings
+        if len(same_model) == 1:
+            same_model[0].slug = slug(model)
+            continue
+        # each set apart by one setting (branch.step=200): named by it; else by a hash of its settings
         named = [slug(f"{model}-{g.distinct}") for g in same_model]
-        readable = len(set(named)) == len(named) and all(
-            "," not in g.distinct and " more" not in g.distinct and len(g.distinct) <= 40 for g in same_model)
+        readable = len(set(named)) == len(named) and all("," not in g.distinct and len(g.distinct) <= 40
+                                                         for g in same_model)
         for group, name in zip(same_model, named):
-            digest = hashlib.sha1(json.dumps(group.settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
-            group.slug = slug(model) if len(same_model) == 1 else name if readable else slug(f"{model}-{digest}")
+            digest = hashlib.sha1(json.dumps(group.settings, sort_keys=True, default=str).encode()).hexdigest()
+            group.slug = name if readable else slug(f"{model}-{digest[:8]}")
     return groups
 
 
