@@ -44,7 +44,7 @@ def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, 
     malformed = check_meta(meta)
     if malformed:
         raise DataError(f"{meta_path} is malformed ({malformed}): {hint} again")
-    if source is not None and meta.get("source") != source:
+    if source is not None and not same_source(meta.get("source"), source):
         raise DataError(f"{dir} was prepared from another source than conf/data/{name}.yaml: {hint} again")
     tok = meta["tokenizer"]
     if tok["ranks_sha256"] != tokenizer.RANKS_SHA256 or tok["vocab_size"] != vocab_size:
@@ -78,6 +78,14 @@ def verify_prepared(dir: Path, name: str, source: dict | None, vocab_size: int, 
                 f"the file is corrupt, {hint} again"
             )
     return meta
+
+
+def same_source(recorded, configured: dict) -> bool:
+    """Whether a corpus was prepared from the configured source. A key that the configuration leaves null and an
+    older meta.json lacks (data.source.revision, .archives: added later) is the same source."""
+    if not isinstance(recorded, dict):
+        return False
+    return recorded == {k: v for k, v in configured.items() if k in recorded or v is not None}
 
 
 def check_meta(meta) -> str | None:

@@ -13,13 +13,11 @@ import bz2
 import errno
 import glob
 import gzip
-import hashlib
 import itertools
 import json
 import lzma
 import os
 import re
-import socket
 import sys
 import tarfile
 import tempfile
@@ -28,7 +26,6 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from fnmatch import fnmatch
 from pathlib import Path
-from urllib.parse import urlparse
 
 import datasets
 import numpy as np
@@ -42,11 +39,11 @@ from tqdm import tqdm
 from normlab.common import outputs
 from normlab.common.errors import DataError, NormlabError
 from normlab.common.paths import DOWNLOADS_DIR
-from normlab.data import tokenizer, unigram
+from normlab.data import archives, hub, tokenizer, unigram
+from normlab.data.token_file import TokenFile
 from normlab.data.tokenizer import fetch_sdist
 
 META_FILE = "meta.json"
-OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 # What a corpus directory may hold (with the leftovers of older versions): it is replaced as a whole.
 CORPUS_FILE = re.compile(r"meta\.json|\w+\.bin(\.tmp|\.shard\d+)?")
 TEXT_FORMATS = ("json", "csv", "text")  # read as UTF-8 text (parquet is binary: arrow validates it)
@@ -56,25 +53,11 @@ REENCODE_HINT = ("re-encode it as UTF-8 (iconv -f latin1 -t utf-8) or give its e
 DECOMPRESS = {None: nullcontext, "gzip": gzip.open, "bz2": bz2.open, "xz": lzma.open}
 
 
-def hub_offline_hint(name: str) -> str:
-    return (f"prepare it on a machine with network (a login node): `normlab-prepare data={name}`, then copy "
-            f"data/{name}/ here; with {' or '.join(OFFLINE_VARIABLES)}=1 a dataset already in the Hugging Face cache "
-            "is used without network")
-
-
-def hub_reachable(timeout: float = 5.0) -> bool:
-    """One TCP connection to the hub, so that no network fails in seconds instead of after retries."""
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def load_documents(name: str, source: DictConfig) -> datasets.Dataset | datasets.IterableDataset:
-    """The source's documents, with their text in a `text` column. A text that is null or not a string, or a line
-    of a local text file that is not UTF-8, is refused in one line that names its file (or dataset) and row."""
+def load_documents(name: str, source: DictConfig, hub_args: dict | None = None
+                   ) -> datasets.Dataset | datasets.IterableDataset:
+    """The source's documents, with their text in a `text` column (a hub source: read with `hub_args`, what
+    data/hub.py located). A text that is null or not a string, or a line of a local text file that is not UTF-8, is
+    refused in one line that names its file (or dataset) and row."""
     if source.kind == "sdist":
         return load_sdist(source)
     load_kwargs = source.get("load_kwargs", {})
@@ -90,23 +73,19 @@ def load_documents(name: str, source: DictConfig) -> datasets.Dataset | datasets
             check_utf8(files)
         args = dict(path=source.format, data_files=files, split="train")
     elif source.kind == "hub":
-        offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in OFFLINE_VARIABLES)
-        if not offline and not hub_reachable():
-            raise DataError(
-                f"the Hugging Face hub is unreachable (no network?) for '{source.path}': {hub_offline_hint(name)}"
-            )
-        args = dict(
-            path=source.path, name=source.get("name"), split=source.split, streaming=source.get("streaming", False)
-        )
+        args = hub_args or hub.locate(name, source).load_args
     else:
         raise DataError(f"data '{name}': unknown source kind {source.kind!r}; expected sdist, files or hub")
     try:
         docs = datasets.load_dataset(**args, **load_kwargs)
     except Exception as e:  # datasets raises ConnectionError, OSError, FileNotFoundError, ValueError...
-        if source.kind == "hub":
+        if source.kind == "hub" and isinstance(e, ConnectionError):
             raise DataError(
-                f"cannot load '{source.path}' from the Hugging Face hub ({type(e).__name__}): {hub_offline_hint(name)}"
+                f"cannot load '{source.path}' from the Hugging Face hub ({type(e).__name__}): {hub.offline_hint(name)}"
             ) from None
+        if source.kind == "hub":
+            raise DataError(f"datasets cannot read '{source.path}' ({type(e).__name__}: {e}): check data.source's "
+                            "name, split and revision".splitlines()[0]) from None
         raise DataError(f"cannot read {', '.join(source.files)} as {source.format}: {e}".splitlines()[0]) from None
     column = source.get("text_column", "text")
     if column not in (docs.column_names or [column]):
@@ -256,34 +235,6 @@ def not_prepared(folder: Path) -> list[str]:
     return found
 
 
-class TokenFile:
-    """Writes uint16 tokens to `path` while counting and hashing them."""
-
-    def __init__(self, path: Path):
-        self.path, self.file = path, open(path, "wb")
-        self.digest, self.tokens, self.documents, self.max_token = hashlib.sha256(), 0, 0, 0
-
-    def write(self, chunk: np.ndarray, documents: int) -> None:
-        data = chunk.astype(np.uint16).tobytes()
-        self.file.write(data)
-        self.digest.update(data)
-        self.tokens += chunk.size
-        self.documents += documents
-        self.max_token = max(self.max_token, int(chunk.max(initial=0)))
-
-    def close(self) -> dict:
-        self.file.flush()
-        os.fsync(self.file.fileno())  # on disk before the staging directory is put in place
-        self.file.close()
-        return {
-            "file": self.path.name,
-            "tokens": self.tokens,
-            "documents": self.documents,
-            "max_token": self.max_token,
-            "sha256": self.digest.hexdigest(),
-        }
-
-
 def write_split(docs: datasets.Dataset, encoding, path: Path, num_proc: int) -> dict:
     """Tokenize every document in parallel and write the tokens, in document order, to `path`.
 
@@ -354,7 +305,12 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
         except NormlabError as e:
             print(f"warning: {e}", file=sys.stderr)
     encoding = tokenizer.gpt2(Path(ranks_file) if ranks_file else None)
-    docs = load_documents(data.name, source)
+    located = hub.locate(data.name, source) if source.kind == "hub" else None
+    archived = located.archives if located else None  # the archive layout (data/archives.py)
+    if archived and source.get("probe_tokens"):
+        raise DataError(f"data '{data.name}': a probe set is read from data files, and {source.path} holds archives: "
+                        "give a source with data files (parquet, json, ...)")
+    docs = None if archived else load_documents(data.name, source, located.load_args if located else None)
     started = time.perf_counter()
     meta = {
         "name": data.name,
@@ -372,10 +328,14 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
         if source.get("probe_tokens"):
             meta["splits"]["probe"] = write_probe(docs, encoding, new / "probe.bin", source.probe_tokens, num_proc,
                                                   source.get("probe_sample_seed"), source.get("probe_buffer", 10_000))
+        elif archived:
+            meta["splits"] = archives.write_splits(archived, encoding, new, source.val_fraction, source.split_seed,
+                                                   num_proc)
         else:
             split = docs.train_test_split(test_size=source.val_fraction, seed=source.split_seed)
             for name, part in (("train", split["train"]), ("val", split["test"])):
                 meta["splits"][name] = write_split(part, encoding, new / f"{name}.bin", num_proc)
+        if "probe" not in meta["splits"]:
             meta[unigram.KEY] = unigram.of_splits(new, meta)  # the report's learning check
         with open(new / META_FILE, "w") as f:
             f.write(json.dumps(meta, indent=2) + "\n")
@@ -384,4 +344,26 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
     seconds = time.perf_counter() - started
     counts = ", ".join(f"{k} {v['tokens']:,} tokens ({v['documents']:,} documents)" for k, v in meta["splits"].items())
     print(f"prepared {data.name} in {out}: {counts}; {seconds:.1f} s")
+    if source.get("expected"):
+        for line in unexpected_counts(source.expected, meta["splits"]):
+            print(f"warning: {data.name}: {line}", file=sys.stderr)
     return meta
+
+
+def unexpected_counts(expected: DictConfig, splits: dict) -> list[str]:
+    """How the prepared counts differ from those of the published corpus (data.source.expected: its documents, and its
+    tokens per split as its reference preparation split them); nothing when they match."""
+    lines = []
+    documents = sum(s["documents"] for s in splits.values())
+    if expected.get("documents") is not None and documents != expected.documents:
+        lines.append(f"{documents:,} documents, where the published corpus has {expected.documents:,} "
+                     f"({documents - expected.documents:+,}): a partial copy or conversion, or another version")
+    for name, tokens in (expected.get("tokens") or {}).items():
+        got = splits.get(name, {}).get("tokens", 0)
+        if got != tokens:
+            lines.append(f"the {name} split holds {got:,} tokens, where the reference preparation has {tokens:,} "
+                         f"({(got - tokens) / tokens:+.2%})")
+    if not lines:
+        print(f"as expected: {documents:,} documents, "
+              + ", ".join(f"{k} {v:,} tokens" for k, v in (expected.get("tokens") or {}).items()))
+    return lines
