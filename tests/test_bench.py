@@ -30,7 +30,12 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
                     rows["training step dyt / layernorm (70m (2 layers), 4x64 tokens, cpu)"])
     framework = next(v for k, v in rows.items() if k.startswith("normlab-train / plain PyTorch loop"))
     assert framework.endswith("(target >= 0.97); identical batches and weights after 6 steps")
-    assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 2
+    assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 3
+    assert any(k.startswith("read OpenWebText-shaped archives") and "MB/s of text" in v for k, v in rows.items())
+    archives = next(v for k, v in rows.items() if k.startswith("prepare them (data=openwebtext"))
+    found = re.search(r"peak disk ([\d,]+) MB beside the archives \(([\d,]+) MB of tokens", archives)
+    disk, tokens = (int(n.replace(",", "")) for n in found.groups())
+    assert tokens <= disk <= 3 * tokens + 1  # the documents' file and a split's beside it, not a copy per process
     assert any(k.startswith("angle probe pass / plain forward (tiny") for k in rows)
     assert any(k.startswith("angle probe pass with 16 null directions / plain forward (tiny") for k in rows)
     assert any(k.startswith("angle probe peak memory") for k in rows)

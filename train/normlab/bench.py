@@ -4,7 +4,8 @@ written to a file. The sections:
     framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
     norms          LayerNorm, RMSNorm and DyT forward+backward, the project's and torch's, fp32 and bf16
     step           a whole training step, RMS and DyT vs LN (on a GPU: the 410m model, and its MFU)
-    prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size
+    prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size; OpenWebText's archives:
+                   their reading rate, and a prepare of them (tokens/s, memory, disk)
     angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
     preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
                    the resource plan (memory, MFU); only when named (normlab/cluster/preflight.py)
@@ -261,19 +262,32 @@ def process_tree_memory(root: int) -> tuple[int, int]:
     return anon, largest
 
 
-def run_measured(cmd: list[str]) -> tuple[float, float, float]:
-    """Run `cmd`, sampling its process tree every 20 ms: (seconds, peak anonymous MB, peak RSS MB).
-    Anonymous memory is what a process allocates; RSS also counts pages of files it maps and reads."""
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under `folder` (those that a running command removes meanwhile left out)."""
+    total = 0
+    for path in folder.rglob("*"):
+        try:
+            total += path.stat().st_size if path.is_file() else 0
+        except FileNotFoundError:
+            pass
+    return total
+
+
+def run_measured(cmd: list[str], disk: Path | None = None) -> tuple[float, float, float, float]:
+    """Run `cmd`, sampling its process tree every 20 ms: (seconds, peak anonymous MB, peak RSS MB, and the peak MB of
+    the files under `disk`). Anonymous memory is what a process allocates; RSS also counts pages of files it maps."""
     started = time.perf_counter()
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    peak_anon = peak_rss = 0
+    peak_anon = peak_rss = peak_disk = 0
     while process.poll() is None:
         anon, rss = process_tree_memory(process.pid)
         peak_anon, peak_rss = max(peak_anon, anon), max(peak_rss, rss)
+        if disk is not None:
+            peak_disk = max(peak_disk, folder_bytes(disk))
         time.sleep(0.02)
     if process.returncode:
         raise SystemExit(f"normlab-bench: {' '.join(cmd)} failed:\n{process.stderr.read()[-2000:]}")
-    return time.perf_counter() - started, peak_anon / 1024, peak_rss / 1024
+    return time.perf_counter() - started, peak_anon / 1024, peak_rss / 1024, peak_disk / 1e6
 
 
 def bench_prepare(scale: int) -> list[tuple[str, str]]:
@@ -293,24 +307,47 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
                 for copy in range(factor):
                     f.writelines(json.dumps({"text": f"[{copy}] {d}"}) + "\n" for d in docs)
             out = Path(tmp) / f"prepared{factor}"
-            cmd = [
-                str(Path(sys.executable).parent / "normlab-prepare"),
-                "data=files",
-                f"data.dir={out}",
-                f"data.source.files=[{corpus}]",
-                "data.source.val_fraction=0.001",
-            ]
-            seconds, anon, rss = run_measured(cmd)
+            cmd = [str(Path(sys.executable).parent / "normlab-prepare"), "data=files", f"data.dir={out}",
+                   f"data.source.files=[{corpus}]", "data.source.val_fraction=0.001"]
+            seconds, anon, rss, _ = run_measured(cmd)
             tokens = json.loads((out / "meta.json").read_text())["splits"]["train"]["tokens"]
             mb = corpus.stat().st_size / 1e6
-            rows.append(
-                (
-                    f"prepare {mb:.0f} MB of text ({tokens / 1e6:.1f}M tokens)",
-                    f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, "
-                    f"anonymous), largest process RSS {rss:,.0f} MB",
-                )
-            )
+            rows.append((f"prepare {mb:.0f} MB of text ({tokens / 1e6:.1f}M tokens)",
+                         f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, "
+                         f"anonymous), largest process RSS {rss:,.0f} MB"))
+        rows += bench_archives(docs, scale, Path(tmp) / "owt")
     return rows
+
+
+def bench_archives(docs: list[str], scale: int, tmp: Path) -> list[tuple[str, str]]:
+    """OpenWebText's layout (data/archives.py) at its shape, 390 documents to an xz member, made of the same
+    documents: read by one process, and prepared from a local copy."""
+    from normlab.data import archives
+
+    members = [[f"[{copy}] {d}" for d in docs[i : i + 390]] for copy in range(scale) for i in range(0, len(docs), 390)]
+    (tmp / "copy" / "subsets").mkdir(parents=True)
+    paths = [tmp / "copy" / "subsets" / f"urlsf_subset{a:02d}.tar" for a in range(2)]
+    for a, path in enumerate(paths):
+        archives.write_archive(path, members[a::2])
+    units = [m for path in paths for m in archives.members(path)]
+    started = time.perf_counter()
+    text = sum(len(doc.encode()) for unit in units for doc in archives.documents(unit)) / 1e6
+    read = time.perf_counter() - started
+    packed = sum(p.stat().st_size for p in paths) / 1e6
+    out = tmp / "openwebtext"
+    cmd = [str(Path(sys.executable).parent / "normlab-prepare"), "data=openwebtext", f"data.dir={out}",
+           f"data.source.path={tmp / 'copy'}", "~data.source.expected"]
+    seconds, anon, rss, disk = run_measured(cmd, tmp)
+    meta = json.loads((out / "meta.json").read_text())["splits"]
+    tokens = sum(split["tokens"] for split in meta.values())
+    return [
+        (f"read OpenWebText-shaped archives ({len(units)} xz members: {packed:.0f} MB, {text:.0f} MB of text)",
+         f"{packed / read:.1f} MB/s of archive ({text / read:.1f} MB/s of text) in one process"),
+        (f"prepare them (data=openwebtext from a local copy, {tokens / 1e6:.1f}M tokens)",
+         f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, anonymous), largest process "
+         f"RSS {rss:,.0f} MB; peak disk {disk - packed:,.0f} MB beside the archives ({tokens * 2 / 1e6:,.0f} MB of "
+         "tokens)"),
+    ]
 
 
 def probe_setup(model_name: str, seq_len: int, null_directions: int):

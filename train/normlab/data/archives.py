@@ -64,6 +64,23 @@ def members(archive: Path) -> list[Member]:
         raise DataError(f"{archive} cannot be read as a tar archive ({e}): {DAMAGED}") from None
 
 
+def write_archive(path: Path, members: list[list[str]], preset: int = 6) -> None:
+    """An archive in this layout, each of `members` an xz-compressed tar of its documents (normlab-bench measures
+    reading one)."""
+    with tarfile.open(path, "w") as outer:
+        for m, texts in enumerate(members):
+            packed = io.BytesIO()
+            with tarfile.open(fileobj=packed, mode="w:xz", preset=preset) as inner:
+                for d, text in enumerate(texts):
+                    data = text.encode()
+                    info = tarfile.TarInfo(f"{m:04d}-{d:03d}.txt")
+                    info.size = len(data)
+                    inner.addfile(info, io.BytesIO(data))
+            info = tarfile.TarInfo(f"openwebtext/{path.stem}-{m}_data.xz")
+            info.size = packed.tell()
+            outer.addfile(info, io.BytesIO(packed.getvalue()))
+
+
 def documents(member: Member) -> list[str]:
     """The normalised .txt documents of one xz member, in their order."""
     with open(member.archive, "rb") as f:
