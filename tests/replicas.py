@@ -6,16 +6,22 @@
 - a script-free conversion of the same documents to parquet (plant_parquet), in the same order;
 - Wikipedia's (plant_wikipedia): a dataset card declaring the configuration 20231101.en and its parquet files.
 
-Each returns the documents a reader should find, in order.
+Each returns the documents a reader should find, in order; assert_prepared_from checks that a prepared corpus holds
+exactly them.
 """
 
 import io
+import json
+import math
 import random
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from normlab.data import tokenizer
 
 SCRIPT = "openwebtext.py"
 CARD = "---\nlicense: cc0-1.0\n---\n# OpenWebText (a replica for the tests)\n"
@@ -106,3 +112,35 @@ def plant_wikipedia(folder: Path, files: int = 4, articles: int = 30, seed: int 
                        folder / "20231101.en" / f"train-{i:05d}-of-{files:05d}.parquet")
         texts += rows
     return texts
+
+
+# -- what a prepared corpus of them holds
+
+
+def owt(out: Path, *more: str) -> list[str]:
+    """normlab-prepare's arguments for the planted OpenWebText: a quarter held out, no check against the real
+    corpus's counts."""
+    return ["data=openwebtext", f"data.dir={out}", "data.source.val_fraction=0.25", "~data.source.expected", *more]
+
+
+def nanogpt_split(documents: list[str], val_fraction: float = 0.25, seed: int = 2357) -> dict[str, list[str]]:
+    """nanoGPT's split (datasets' train_test_split), computed here: a permutation of the documents by numpy's default
+    generator seeded with `seed`, its first ceil(fraction x n) held out; each split in the permutation's order."""
+    order = np.random.default_rng(seed).permutation(len(documents))
+    held = math.ceil(val_fraction * len(documents))
+    return {"train": [documents[i] for i in order[held:]], "val": [documents[i] for i in order[:held]]}
+
+
+def tokens_of(documents: list[str]) -> list[int]:
+    encoding = tokenizer.gpt2()
+    return [t for doc in documents for t in [*encoding.encode_ordinary(doc), tokenizer.EOT]]
+
+
+def assert_prepared_from(folder: Path, documents: list[str]) -> None:
+    """The corpus in `folder` holds exactly the GPT-2 tokens of `documents`, EOT after each, split as nanoGPT splits
+    them, with meta.json's counts."""
+    meta = json.loads((folder / "meta.json").read_text())
+    for name, part in nanogpt_split(documents).items():
+        tokens = np.fromfile(folder / f"{name}.bin", dtype=np.uint16).tolist()
+        assert tokens == tokens_of(part), name
+        assert meta["splits"][name]["tokens"] == len(tokens) and meta["splits"][name]["documents"] == len(part)

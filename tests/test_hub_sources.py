@@ -3,8 +3,6 @@ original archives without its loading script, a script-free parquet conversion, 
 Wikipedia's probe set streamed; from the hub (tests/hub.py serves planted replicas, tests/replicas.py, over the hub's
 HTTP API), offline from the Hugging Face cache, and from a local copy; and what a kill costs."""
 
-import json
-import math
 import os
 import signal
 import subprocess
@@ -17,45 +15,25 @@ import pytest
 from conftest import BIN, compose_config, run_cli
 from hub import Hub
 from normlab.data import prepare, tokenizer
-from replicas import SCRIPT, plant_openwebtext, plant_parquet, plant_wikipedia
+from replicas import (
+    SCRIPT,
+    assert_prepared_from,
+    nanogpt_split,
+    owt,
+    plant_openwebtext,
+    plant_parquet,
+    plant_wikipedia,
+    tokens_of,
+)
 
 OWT = "Skylion007/openwebtext"
 ARCHIVES = [f"subsets/urlsf_subset{a:02d}.tar" for a in range(3)]
-
-
-def owt(out: Path, *more: str) -> list[str]:
-    """normlab-prepare's arguments for the planted OpenWebText: a quarter held out, no check against the real
-    corpus's counts."""
-    return ["data=openwebtext", f"data.dir={out}", "data.source.val_fraction=0.25", "~data.source.expected", *more]
 
 
 def prepare_here(overrides: list[str]) -> dict:
     """normlab-prepare in this process (the code of the command, without its start-up)."""
     config = compose_config("prepare", overrides)
     return prepare.prepare(config.data, num_proc=config.num_proc)
-
-
-def nanogpt_split(documents: list[str], val_fraction: float = 0.25, seed: int = 2357) -> dict[str, list[str]]:
-    """nanoGPT's split (datasets' train_test_split), computed here: a permutation of the documents by numpy's default
-    generator seeded with `seed`, its first ceil(fraction x n) held out; each split in the permutation's order."""
-    order = np.random.default_rng(seed).permutation(len(documents))
-    held = math.ceil(val_fraction * len(documents))
-    return {"train": [documents[i] for i in order[held:]], "val": [documents[i] for i in order[:held]]}
-
-
-def tokens_of(documents: list[str]) -> list[int]:
-    encoding = tokenizer.gpt2()
-    return [t for doc in documents for t in [*encoding.encode_ordinary(doc), tokenizer.EOT]]
-
-
-def assert_prepared_from(folder: Path, documents: list[str]) -> None:
-    """The corpus in `folder` holds exactly the GPT-2 tokens of `documents`, EOT after each, split as nanoGPT splits
-    them, with meta.json's counts."""
-    meta = json.loads((folder / "meta.json").read_text())
-    for name, part in nanogpt_split(documents).items():
-        tokens = np.fromfile(folder / f"{name}.bin", dtype=np.uint16).tolist()
-        assert tokens == tokens_of(part), name
-        assert meta["splits"][name]["tokens"] == len(tokens) and meta["splits"][name]["documents"] == len(part)
 
 
 def corpus(folder: Path) -> dict[str, bytes]:

@@ -15,6 +15,7 @@ import pytest
 from conftest import cluster_ready, needs_slurm, state, wait
 from normlab.common.paths import PROJECT_ROOT
 from normlab.training.checkpoint_files import verify
+from replicas import assert_prepared_from, owt, plant_openwebtext
 
 STEPS = 60  # a signal after 20 steps leaves 40 to resume: a validation and a checkpoint at 30, the last at 60
 RUN = [
@@ -217,6 +218,25 @@ def test_a_missing_site_file_fails_the_job_in_one_line_before_anything_runs(tmp_
     info = job_info(job)
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_prepare_job_reads_a_copy_offline_and_logs_a_line_per_archive(prepared, tmp_path):
+    """slurm/prepare.sbatch on a compute node (slurm/env.sh: no hub), from a local copy of OpenWebText's layout: a
+    tokenizer process per CPU of the job, a line per archive in the job's log and no carriage returns."""
+    documents = plant_openwebtext(tmp_path / "copy")
+    log = tmp_path / "prepare.out"
+    result = subprocess.run(
+        ["sbatch", "--parsable", f"--output={log}", "--cpus-per-task=2", "--mem=1", "slurm/prepare.sbatch",
+         *owt(tmp_path / "corpus", f"data.source.path={tmp_path / 'copy'}")],
+        cwd=PROJECT_ROOT, env={**os.environ, "NORMLAB_VENV": sys.prefix}, capture_output=True, text=True, check=True)
+    submitted.append(job := result.stdout.strip().split(";")[0])
+    wait(lambda: state(job) == "", 300, "the prepare job")
+    text = log.read_text()
+    assert job_info(job)["ExitCode"] == "0:0", text[-3000:]
+    assert [line.split(":")[0] for line in text.splitlines() if line.startswith("archive ")] == [
+        f"archive {a + 1}/3 urlsf_subset{a:02d}.tar" for a in range(3)]
+    assert "\r" not in text and "prepared openwebtext in" in text
+    assert_prepared_from(tmp_path / "corpus", documents)
 
 
 def test_partition_and_account_come_from_the_environment_and_the_command_line_wins(tmp_path):
