@@ -214,33 +214,19 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
             self.same_batches &= all(torch.equal(a, b) for a, b in zip(batch, framework_batch))
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose(
-            [
-                f"run_dir={tmp}/run",
-                "trainer.accelerator=cpu",
-                "logger=csv",
-                f"trainer.max_steps={steps}",
-                f"trainer.val_check_interval={steps}",
-                f"checkpoints.every={steps}",
-                "probe.tokens=8192",
-                "data.val_tokens=4096",
-                "probe.null_directions=16",
-            ]
-        )  # validation and checkpoints after the last step
+        cfg = compose([f"run_dir={tmp}/run", "trainer.accelerator=cpu", "logger=csv", f"trainer.max_steps={steps}",
+                       f"trainer.val_check_interval={steps}", f"checkpoints.every={steps}", "probe.tokens=8192",
+                       "data.val_tokens=4096", "probe.null_directions=16"])  # validation, checkpoints after the last
         twin = PlainTwin(cfg)
         module = train(cfg, extra_callbacks=[twin])
     same = twin.same_batches and all(torch.equal(a, b) for a, b in zip(module.parameters(), twin.module.parameters()))
     # each framework step against the plain step just before it: neighbours in time share the machine's state
     ratio = statistics.median(plain / framework for plain, framework in zip(twin.plain, twin.framework))
     tokens = cfg.data.batch_size * cfg.model.block_size
-    return [
-        (
-            f"normlab-train / plain PyTorch loop, tokens/s ({cfg.model.name} model, {tokens} tokens per step, "
-            f"median over {len(twin.framework)} pairs of neighbouring steps, cpu)",
-            f"{ratio:.3f} (target >= 0.97); {'identical' if same else 'DIFFERENT'} batches and weights "
-            f"after {steps} steps",
-        )
-    ]
+    return [(f"normlab-train / plain PyTorch loop, tokens/s ({cfg.model.name} model, {tokens} tokens per step, "
+             f"median over {len(twin.framework)} pairs of neighbouring steps, cpu)",
+             f"{ratio:.3f} (target >= 0.97); {'identical' if same else 'DIFFERENT'} batches and weights "
+             f"after {steps} steps")]
 
 
 def process_tree_memory(root: int) -> tuple[int, int]:
@@ -321,8 +307,10 @@ def bench_prepare(scale: int) -> list[tuple[str, str]]:
 
 def bench_archives(docs: list[str], scale: int, tmp: Path) -> list[tuple[str, str]]:
     """OpenWebText's layout (data/archives.py) at its shape, 390 documents to an xz member, made of the same
-    documents: read by one process, and prepared from a local copy."""
-    from normlab.data import archives
+    documents: each step in one process (read, tokenize, write in a split's order), then a prepare of a local copy."""
+    import numpy as np
+
+    from normlab.data import archives, tokenizer
 
     members = [[f"[{copy}] {d}" for d in docs[i : i + 390]] for copy in range(scale) for i in range(0, len(docs), 390)]
     (tmp / "copy" / "subsets").mkdir(parents=True)
@@ -333,6 +321,17 @@ def bench_archives(docs: list[str], scale: int, tmp: Path) -> list[tuple[str, st
     started = time.perf_counter()
     text = sum(len(doc.encode()) for unit in units for doc in archives.documents(unit)) / 1e6
     read = time.perf_counter() - started
+    archives.start_reader(tokenizer.gpt2())
+    tokenized = [archives.tokenize(unit) for unit in units]  # read again, then tokenized
+    tokenize = time.perf_counter() - started - 2 * read
+    (tmp / "documents.bin").write_bytes(b"".join(tokens.tobytes() for tokens, _ in tokenized))
+    lengths = np.concatenate([sizes for _, sizes in tokenized])
+    started = time.perf_counter()
+    archives.write_split(tmp / "documents.bin", lengths, np.random.default_rng(0).permutation(len(lengths)),
+                         tmp / "split.bin")
+    split = time.perf_counter() - started
+    for done in ("documents.bin", "split.bin"):
+        (tmp / done).unlink()
     packed = sum(p.stat().st_size for p in paths) / 1e6
     out = tmp / "openwebtext"
     cmd = [str(Path(sys.executable).parent / "normlab-prepare"), "data=openwebtext", f"data.dir={out}",
@@ -343,6 +342,9 @@ def bench_archives(docs: list[str], scale: int, tmp: Path) -> list[tuple[str, st
     return [
         (f"read OpenWebText-shaped archives ({len(units)} xz members: {packed:.0f} MB, {text:.0f} MB of text)",
          f"{packed / read:.1f} MB/s of archive ({text / read:.1f} MB/s of text) in one process"),
+        (f"tokenize their {len(lengths):,} documents", f"{lengths.sum() / tokenize:,.0f} tokens/s in one process"),
+        ("write their tokens in a split's order (a random permutation)",
+         f"{2 * lengths.sum() / 1e6 / split:,.0f} MB/s in one process"),
         (f"prepare them (data=openwebtext from a local copy, {tokens / 1e6:.1f}M tokens)",
          f"{tokens / seconds:,.0f} tokens/s; peak memory {anon:,.0f} MB (all processes, anonymous), largest process "
          f"RSS {rss:,.0f} MB; peak disk {disk - packed:,.0f} MB beside the archives ({tokens * 2 / 1e6:,.0f} MB of "
@@ -389,26 +391,11 @@ def bench_angles(model_name: str, seq_len: int, batch: int, repeats: int,
     ]
     mem = []
     for windows in (32, 320):
-        cmd = [
-            sys.executable,
-            "-m",
-            "normlab.bench",
-            "--probe-memory",
-            str(windows),
-            "--model",
-            model_name,
-            "--seq-len",
-            str(seq_len),
-            "--null-directions",
-            str(null_directions),
-        ]
+        cmd = [sys.executable, "-m", "normlab.bench", "--probe-memory", str(windows), "--model", model_name,
+               "--seq-len", str(seq_len), "--null-directions", str(null_directions)]
         mem.append(run_measured(cmd)[1])
-    rows.append(
-        (
-            f"angle probe peak memory, {32 * seq_len:,} vs {320 * seq_len:,} tokens ({model_name})",
-            f"{mem[0]:,.0f} MB vs {mem[1]:,.0f} MB (ratio {mem[1] / mem[0]:.3f}, target: unchanged)",
-        )
-    )
+    rows.append((f"angle probe peak memory, {32 * seq_len:,} vs {320 * seq_len:,} tokens ({model_name})",
+                 f"{mem[0]:,.0f} MB vs {mem[1]:,.0f} MB (ratio {mem[1] / mem[0]:.3f}, target: unchanged)"))
     return rows
 
 
