@@ -149,6 +149,11 @@ def test_a_fetch_killed_midway_costs_only_the_archive_it_cut(tmp_path, prepared,
     cut = server.sent[ARCHIVES[2]]
     assert 0 < cut < sizes[ARCHIVES[2]] and not out.exists()
     del server.stall[ARCHIVES[2]]
+    offline = run_cli("normlab-prepare", *owt(out), env=hub_env(server, tmp_path, HF_HUB_OFFLINE="1"))
+    assert error_line(offline) == (
+        f"normlab-prepare: error: the Hugging Face cache holds only some of the archives of '{OWT}' (a fetch cut "
+        "short): run `normlab-prepare data=openwebtext` with network, which fetches the rest")
+    assert not out.exists()
 
     result = run_cli("normlab-prepare", *owt(out), env=hub_env(server, tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -219,6 +224,30 @@ def test_a_script_is_never_run_and_the_way_out_is_named(tmp_path, prepared, hub)
     result = run_cli("normlab-prepare", *owt(tmp_path / "a", "data.source.revision=refs/convert/parquet"), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_prepared_from(tmp_path / "a", documents)
+
+
+def test_a_name_or_revision_the_hub_lacks_and_an_unreachable_hub_are_one_line_each(tmp_path, hub):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "data.jsonl").write_text('{"text": "a document"}\n')
+    server = hub({"org/corpus": {"main": tmp_path / "repo"}})
+    closed = Hub({})
+    closed.close()  # a port where nothing listens
+    cases = {
+        "no dataset 'org/nothing' on the Hugging Face hub that this machine may read (private or gated ones need "
+        "`hf auth login`): check data.source.path": (["data.source.path=org/nothing"], server.url),
+        "'org/corpus' on the Hugging Face hub has no revision 'v9': give a branch, tag or commit of it as "
+        "data.source.revision (refs/convert/parquet: the hub's parquet conversion)": (
+            ["data.source.path=org/corpus", "data.source.revision=v9"], server.url),
+        "the Hugging Face hub is unreachable (no network?) for 'org/corpus': prepare it on a machine with network (a "
+        "login node): `normlab-prepare data=hub`, then copy data/hub/ here; with HF_HUB_OFFLINE or "
+        "HF_DATASETS_OFFLINE=1 a dataset already in the Hugging Face cache is used without network": (
+            ["data.source.path=org/corpus"], closed.url),
+    }
+    for message, (overrides, url) in cases.items():
+        result = run_cli("normlab-prepare", "data=hub", f"data.dir={tmp_path / 'out'}", *overrides,
+                         env={"HF_ENDPOINT": url, "HF_HOME": str(tmp_path / "hf-home")})
+        assert error_line(result) == f"normlab-prepare: error: {message}"
+        assert not (tmp_path / "out").exists()
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:
