@@ -56,6 +56,14 @@ def test_other_source_is_refused(prepared_copy):
         datamodule(prepared_copy).verify()
 
 
+def test_a_source_key_added_since_a_corpus_was_prepared_is_the_same_source_while_null(prepared_copy):
+    """data.source.revision and .archives came after corpora were prepared without them: left null, the corpus is
+    still the configured source's; set, it is not."""
+    instantiate(compose_config("train", [f"data.dir={prepared_copy}", "+data.source.revision=null"]).data).verify()
+    with pytest.raises(DataError, match="another source"):
+        instantiate(compose_config("train", [f"data.dir={prepared_copy}", "+data.source.revision=v1"]).data).verify()
+
+
 def test_windows_are_consecutive_tokens_with_shifted_targets(prepared):
     dm = datamodule(prepared)
     dm.setup("fit")

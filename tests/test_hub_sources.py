@@ -127,6 +127,13 @@ def test_openwebtext_from_the_hub_is_fetched_once_then_read_offline(tmp_path, pr
     assert corpus(tmp_path / "again") == corpus(tmp_path / "first")
     assert token_files(tmp_path / "offline") == token_files(tmp_path / "first")
 
+    # what `hf download --local-dir` leaves (the script, the card, the archives, its .cache/ folder): a local copy
+    download = subprocess.run([BIN / "hf", "download", "--repo-type", "dataset", OWT, "--local-dir", tmp_path / "copy"],
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert download.returncode == 0 and (tmp_path / "copy" / ".cache").is_dir(), download.stderr[-2000:]
+    prepare_here(owt(tmp_path / "from-copy", f"data.source.path={tmp_path / 'copy'}"))
+    assert token_files(tmp_path / "from-copy") == token_files(tmp_path / "first")
+
 
 def test_a_fetch_killed_midway_costs_only_the_archive_it_cut(tmp_path, prepared, hub):
     """Killed while the third archive comes in (the first two in the cache): the next prepare fetches the third
@@ -270,7 +277,20 @@ def script_and_data(folder: Path) -> None:
         (folder / f"part{i}.jsonl").write_text('{"text": "a"}\n')
 
 
+def cut_archive(folder: Path) -> None:
+    """The original layout with its second archive cut in half (a copy that stopped midway)."""
+    plant_openwebtext(folder)
+    archive = folder / ARCHIVES[1]
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+
+
 @pytest.mark.parametrize("case, plant, overrides, message", [
+    ("a cut archive", cut_archive, [],
+     f"{{folder}}/{ARCHIVES[1]} ends before its last member or its end-of-archive marker (a copy cut short): the "
+     "archive is damaged: delete it (from the Hugging Face cache, or the copy) and fetch it again"),
+    ("a probe set of archives", plant_openwebtext, ["+data.source.probe_tokens=100"],
+     "data 'openwebtext': a probe set is read from data files, and {folder} holds archives: give a source with data "
+     "files (parquet, json, ...)"),
     ("neither layout", neither, [],
      "the folder {folder} holds no data files (parquet, arrow, json, csv or text) or archives matching "
      "subsets/urlsf_subset*.tar; it holds README.md, docs/corpus.zip: give data.source.path a dataset repository, "

@@ -56,12 +56,21 @@ def kept(member: tarfile.TarInfo) -> bool:
 
 
 def members(archive: Path) -> list[Member]:
-    """The archive's .xz members, in their order (their headers only are read)."""
+    """The archive's .xz members, in their order (their headers only are read). An archive cut short is refused:
+    tarfile takes the end of the file for the end of the archive."""
     try:
         with tarfile.open(archive, "r:") as tar:
-            return [Member(archive, m.name, m.offset_data, m.size) for m in tar if kept(m) and m.name.endswith(".xz")]
+            listed = list(tar)
+        end = max((m.offset_data + -(-m.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE for m in listed), default=0)
+        with open(archive, "rb") as f:
+            f.seek(end)
+            marker = f.read(2 * tarfile.BLOCKSIZE)  # two zero blocks close a tar archive
     except (tarfile.TarError, OSError) as e:
         raise DataError(f"{archive} cannot be read as a tar archive ({e}): {DAMAGED}") from None
+    if marker != bytes(2 * tarfile.BLOCKSIZE):
+        raise DataError(f"{archive} ends before its last member or its end-of-archive marker (a copy cut short): "
+                        f"{DAMAGED}")
+    return [Member(archive, m.name, m.offset_data, m.size) for m in listed if kept(m) and m.name.endswith(".xz")]
 
 
 def write_archive(path: Path, members: list[list[str]], preset: int = 6) -> None:

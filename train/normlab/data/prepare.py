@@ -3,8 +3,10 @@
 A training corpus becomes train.bin and val.bin (a seeded split of its documents); a probe set becomes
 probe.bin (the first `probe_tokens` tokens of its documents, in order or of a seeded sample of them). meta.json
 records the source, split seed, tokenizer and its hash, and the token count, largest token and sha256 of every file.
-Memory stays flat whatever the corpus size: documents are tokenized by `datasets.map` (which writes its
-results to disk) or by streaming, and tokens are written to disk batch by batch. Everything is written into a
+A hub source is first located by what its repository holds (data/hub.py): data files are read by datasets, the
+archives of OpenWebText's original layout by data/archives.py, a loading script never. Memory stays flat whatever
+the corpus size: documents are tokenized by `datasets.map` (which writes its results to disk), by streaming, or
+archive member by member, and tokens are written to disk batch by batch. Everything is written into a
 staging directory beside data.dir, which replaces data.dir only once complete: a failed or killed run leaves the
 previous corpus as it was (a killed run's staging directory is removed by the next prepare).
 """
@@ -34,11 +36,11 @@ import pyarrow.compute as pc
 from datasets.data_files import DataFilesList
 from datasets.utils.extract import Extractor
 from omegaconf import DictConfig, OmegaConf
-from tqdm import tqdm
 
 from normlab.common import outputs
 from normlab.common.errors import DataError, NormlabError
 from normlab.common.paths import DOWNLOADS_DIR
+from normlab.common.progress import Progress
 from normlab.data import archives, hub, tokenizer, unigram
 from normlab.data.token_file import TokenFile
 from normlab.data.tokenizer import fetch_sdist
@@ -153,7 +155,7 @@ def check_utf8(files: list[str]) -> None:
     datasets' json reader would keep its bytes, and tokenizing fail later with a traceback."""
     sizes = [os.path.getsize(f) for f in files]
     total = sum(sizes)
-    with tqdm(total=total, desc="checking UTF-8", unit="B", unit_scale=True, disable=total < 1 << 28) as progress:
+    with Progress(total=total, desc="checking UTF-8", unit="B", unit_scale=True, disable=total < 1 << 28) as progress:
         for file, done in zip(files, itertools.accumulate(sizes, initial=0)):
             progress.update(done - progress.n)
             compression = Extractor.infer_extractor_format(file)
@@ -279,7 +281,7 @@ def write_probe(docs, encoding, path: Path, max_tokens: int, threads: int, sampl
         streamed = isinstance(docs, datasets.IterableDataset)
         docs = docs.shuffle(seed=sample_seed, buffer_size=buffer) if streamed else docs.shuffle(seed=sample_seed)
     out = TokenFile(path)
-    with tqdm(total=max_tokens, desc=f"tokenizing {path.stem}", unit="tok", unit_scale=True) as progress:
+    with Progress(total=max_tokens, desc=f"tokenizing {path.stem}", unit="tok", unit_scale=True) as progress:
         for batch in docs.iter(batch_size=256):
             ids = encoding.encode_ordinary_batch(batch["text"], num_threads=threads)
             chunk = np.fromiter((t for doc in ids for t in [*doc, tokenizer.EOT]), dtype=np.int64)[
