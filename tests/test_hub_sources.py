@@ -284,7 +284,15 @@ def cut_archive(folder: Path) -> None:
     archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
 
 
+def data_files(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "data.jsonl").write_text('{"text": "a document"}\n')
+
+
 @pytest.mark.parametrize("case, plant, overrides, message", [
+    ("a configuration that datasets cannot find", data_files, ["data.source.name=nope"],
+     "datasets cannot read '{folder}' (ValueError: BuilderConfig 'nope' not found. Available: ['default']): check "
+     "data.source's name, split and revision"),
     ("a cut archive", cut_archive, [],
      f"{{folder}}/{ARCHIVES[1]} ends before its last member or its end-of-archive marker (a copy cut short): the "
      "archive is damaged: delete it (from the Hugging Face cache, or the copy) and fetch it again"),
