@@ -82,8 +82,9 @@ def earlier_target(target):
 # worker (a worker is given its next file while its current file's last two tests run). The others follow.
 LONGEST_FIRST = ["test_slurm.py", "test_faults.py", "test_distributed.py", "test_train.py", "test_errors.py",
                  "test_package.py", "test_analysis_errors.py", "test_convert.py", "test_plan.py", "test_evaluate.py",
-                 "test_report.py", "test_export.py", "test_norms_of_your_own.py", "test_bench.py", "test_cli.py",
-                 "test_prepare.py", "test_outputs.py", "test_scale.py", "test_run_dir.py"]
+                 "test_hub_sources.py", "test_install.py", "test_report.py", "test_export.py",
+                 "test_norms_of_your_own.py", "test_bench.py", "test_cli.py", "test_prepare.py", "test_outputs.py",
+                 "test_scale.py", "test_run_dir.py"]
 
 
 def pytest_collection_modifyitems(items):
