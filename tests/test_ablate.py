@@ -31,8 +31,8 @@ from normlab.study.ablate import (
     main,
     plan,
 )
-from normlab.training.checkpoint_files import write_checkpoint
 from normlab.training.pipeline import build_model
+from normlab.training.rundir.checkpoints import write_checkpoint
 from test_angles import orthogonal_to_1
 
 VOCAB = 200

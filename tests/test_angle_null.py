@@ -18,7 +18,7 @@ from normlab.probe.sites import norm_sites
 from normlab.probe.table import CSV_COLUMNS, PER_DIRECTION_COLUMNS, is_angles_header, read_csv
 from normlab.study.angles import append_csv
 from normlab.study.report.runs import read_angles
-from normlab.training.run_tables import read_table
+from normlab.training.rundir.tables import read_table
 
 SITES = [(layer, role) for layer in range(4) for role in ("attn_norm", "mlp_norm")] + [(4, "final_norm")]  # tiny: 9
 EARLIEST_COLUMNS = CSV_COLUMNS[:-len(PER_DIRECTION_COLUMNS)]  # angles.csv before the per-direction columns

@@ -21,7 +21,7 @@ from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.stats import AngleStats
 from normlab.probe.table import CSV_COLUMNS, PER_DIRECTION_COLUMNS, is_angles_header, read_csv
 from normlab.study.report.runs import read_angles
-from normlab.training.run_tables import read_table
+from normlab.training.rundir.tables import read_table
 
 SITES = [(0, "attn_norm"), (0, "mlp_norm"), (1, "attn_norm"), (1, "mlp_norm"), (2, "final_norm")]  # 2 layers
 PLANTED = 2  # the site that gets a component along 1: layer 1's attention norm

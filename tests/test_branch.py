@@ -17,9 +17,9 @@ from lightning.pytorch.callbacks import Callback
 from conftest import FAST_TRAIN, compose_config, run_cli, run_of, start_cli
 from normlab.common.errors import ConfigError
 from normlab.interop.export import ExportError, hugging_face
-from normlab.training.checkpoint_files import read_checkpoint
 from normlab.training.loader import load_model
 from normlab.training.pipeline import train
+from normlab.training.rundir.checkpoints import read_checkpoint
 from test_faults import final_weights, finish, flip_bytes, logged_steps, metrics, resumed_step, wait_for
 
 K = 4

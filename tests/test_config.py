@@ -14,9 +14,9 @@ from normlab.common.moved import current_config, current_overrides
 from normlab.common.paths import CONF_DIR, PROJECT_ROOT
 from normlab.training.checks import check_train_config
 from normlab.training.pipeline import build_model, build_run_directory, build_trainer
-from normlab.training.run_config import check_saved_config
-from normlab.training.run_dir import RunDirectory
-from normlab.training.run_files import RunDirError
+from normlab.training.rundir.config import check_saved_config
+from normlab.training.rundir.directory import RunDirectory
+from normlab.training.rundir.files import RunDirError
 from normlab.training.runtime import PEAK_BF16_FLOPS
 
 

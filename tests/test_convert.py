@@ -32,8 +32,8 @@ from normlab.model.norms import DyT, LayerNorm, RMSNorm
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites
 from normlab.probe.table import read_csv, read_rows
-from normlab.training.claim import CLAIM_FILE, this_process
 from normlab.training.loader import load_model, read_checkpoint, saved_config
+from normlab.training.rundir.claim import CLAIM_FILE, this_process
 
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest checkpoint of the session's runs (FAST_TRAIN)
 

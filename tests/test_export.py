@@ -142,8 +142,8 @@ def test_hugging_face_gives_normlabs_logits_in_memory(runs, norm):
 def test_a_checkpoint_written_before_the_subpackages_loads_with_the_same_logits(runs, tmp_path):
     """A checkpoint saved before normlab had subpackages names its norm normlab.norms.RMSNorm: the loader still
     finds, verifies and builds it (common.moved.current_config), into the same model."""
-    from normlab.training.checkpoint_files import write_checkpoint
     from normlab.training.loader import chosen, read_checkpoint, saved_config
+    from normlab.training.rundir.checkpoints import write_checkpoint
 
     trained = runs / CLI_EXPORTED / CHECKPOINT
     checkpoint = torch.load(trained, map_location="cpu", weights_only=False)

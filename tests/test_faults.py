@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from conftest import Command, start_cli
-from normlab.training.checkpoint_files import verify
-from normlab.training.run_files import RunDirError
+from normlab.training.rundir.checkpoints import verify
+from normlab.training.rundir.files import RunDirError
 
 VAL_EVERY = 3
 RUN = [

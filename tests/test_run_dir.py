@@ -20,11 +20,11 @@ from omegaconf import OmegaConf
 from conftest import FAST_TRAIN, cluster_ready, needs_slurm, run_cli, run_of, state, wait, written_before
 from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.runs import find_runs
-from normlab.training.checkpoint_files import checkpoint_steps, write_checkpoint
-from normlab.training.claim import Claim, process_start, this_process
 from normlab.training.loader import load_model
-from normlab.training.run_files import RunDirError
-from normlab.training.run_tables import read_table
+from normlab.training.rundir.checkpoints import checkpoint_steps, write_checkpoint
+from normlab.training.rundir.claim import Claim, process_start, this_process
+from normlab.training.rundir.files import RunDirError
+from normlab.training.rundir.tables import read_table
 
 SMOKE = Declared(learning_check=False)  # runs of a few steps, which learned nothing yet, compared all the same
 

@@ -16,7 +16,7 @@ from normlab.data.tokenizer import EOT, gpt2
 from normlab.interop.sample import SampleError, generate, samples
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import RMSNorm
-from normlab.training.checkpoint_files import write_checkpoint
+from normlab.training.rundir.checkpoints import write_checkpoint
 
 SHAPE = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 PROMPT = "The quick brown fox"

@@ -13,8 +13,8 @@ from normlab.data.datamodule import ShuffledWindows
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.model.norms import LayerNorm
 from normlab.probe.table import read_csv
-from normlab.training.checkpoint_files import checkpoint_steps
 from normlab.training.pipeline import build_model, gradient_accumulation
+from normlab.training.rundir.checkpoints import checkpoint_steps
 
 PAPER = {  # experiment: (model, steps, GPUs, peak lr, parameters with LayerNorm)
     "paper_70m": ("70m", 100_000, 4, 1e-3, 70_902_784),
@@ -90,7 +90,7 @@ def test_wandb_run_is_grouped_with_its_other_seeds_and_tagged():
                            with_hydra=True)
     assert other.logger.wandb.group == "paper_70m-70m-rmsnorm-lr1e-3"  # another lr: another group
     assert cfg.logger.wandb.job_type == "train" and cfg.logger.wandb.project == "normlab"
-    assert cfg.logger.wandb.id is None  # drawn when the run starts (training/run_dir.py), kept in <run_dir>/run_id
+    assert cfg.logger.wandb.id is None  # drawn when the run starts (training/rundir/), kept in <run_dir>/run_id
 
 
 def step_losses(run_dir):

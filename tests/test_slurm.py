@@ -14,7 +14,7 @@ import pytest
 
 from conftest import cluster_ready, needs_slurm, state, wait
 from normlab.common.paths import PROJECT_ROOT
-from normlab.training.checkpoint_files import verify
+from normlab.training.rundir.checkpoints import verify
 from replicas import assert_prepared_from, owt, plant_openwebtext
 
 STEPS = 60  # a signal after 20 steps leaves 40 to resume: a validation and a checkpoint at 30, the last at 60

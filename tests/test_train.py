@@ -15,9 +15,9 @@ from normlab.common.errors import NonFiniteError
 from normlab.data.corpus import load_probe
 from normlab.data.tokenizer import EOT
 from normlab.probe.table import read_csv
-from normlab.training.checkpoint_files import verify
 from normlab.training.module import lr_factor
 from normlab.training.pipeline import build, build_module, build_run_directory, build_trainer
+from normlab.training.rundir.checkpoints import verify
 
 NORMS = ("layernorm", "rmsnorm")
 

@@ -297,7 +297,7 @@ def checkpoint_disk(cfg: DictConfig, params: int) -> Disk:
     """The run directory's checkpoints (docs/run-directory.md): the scheduled ones hold the weights (4 bytes per
     parameter, fp32) or, with scheduled=full, the full state (12: weights and AdamW's moments), as last.ckpt and
     previous.ckpt do; their configs and counters are a few kB."""
-    from normlab.training.checkpoint_files import checkpoint_steps
+    from normlab.training.rundir.checkpoints import checkpoint_steps
 
     schedule = cfg.checkpoints
     count = len(checkpoint_steps(cfg.trainer.max_steps, schedule.every, schedule.dense_until, schedule.sparse_every))

@@ -1,5 +1,5 @@
 """Atomic writes, the one module that makes them (the run directory's files and checkpoints through
-training/run_files.py, which words their errors, every command's outputs through common/outputs.py): a file replaced
+training/rundir/files.py, which words their errors, every command's outputs through common/outputs.py): a file replaced
 whole or not at all, a second name given to a file in one act, a rename that never replaces what is at its target,
 and the permissions the user's umask gives."""
 

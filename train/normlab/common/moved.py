@@ -14,7 +14,7 @@ import re
 MOVED_TARGETS = {
     "normlab.norms.": "normlab.model.norms.",
     "normlab.data.TokenDataModule": "normlab.data.datamodule.TokenDataModule",
-    "normlab.run_dir.": "normlab.training.run_dir.",
+    "normlab.run_dir.": "normlab.training.rundir.directory.",
     "normlab.callbacks.": "normlab.training.callbacks.",
     "normlab.loggers.": "normlab.training.loggers.",
     "normlab.strategies.": "normlab.training.strategies.",

@@ -4,11 +4,11 @@ name, the check that a resumed run is the same run and the report's groups all g
 
 from pathlib import Path
 
-RUN_ID_FILE = "run_id"  # in a run directory: its wandb run id (train/normlab/training/run_dir.py writes it)
+RUN_ID_FILE = "run_id"  # in a run directory: its wandb run id (train/normlab/training/rundir/directory.py writes it)
 
 # Settings (and everything below them) that only name, place, log or speed up a run, or say where it runs: they
 # change neither what it computes (beyond float rounding) nor what it records, so they stay out of its name and may
-# change when it resumes. (The devices may change because the global batch is checked itself: run_config.py.) The
+# change when it resumes. (The devices may change because the global batch is checked itself: config.py.) The
 # analysis the report makes of a run is declared with it, but is not the run.
 NOT_IDENTITY = ("experiment", "experiment_name", "run_name", "run_dir", "restart", "analysis", "paths", "logger",
                 "runtime",

@@ -78,7 +78,7 @@ class ShuffledWindows(Sampler[int]):
 class ResumableLoader(DataLoader):
     """A DataLoader whose position in the epoch goes into Lightning checkpoints (Lightning saves and restores
     the state of any loader with state_dict/load_state_dict), for exact mid-epoch resume. Checkpoints are taken
-    between optimizer steps (training/run_dir.py), so the position is the micro-batches of the optimizer steps done:
+    between optimizer steps (training/rundir/), so the position is the micro-batches of the optimizer steps done:
     `steps_done()` x accumulation, less those of the epochs before."""
 
     steps_done = staticmethod(lambda: 0)  # set by the data module: the trainer's global step

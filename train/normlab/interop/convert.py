@@ -32,9 +32,9 @@ from normlab.model import norms
 from normlab.model.conversion import ConvertError, built, centred_weights, converted
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.training import loader
-from normlab.training.checkpoint_files import write_checkpoint
-from normlab.training.run_config import CONFIG_FILE
-from normlab.training.run_files import RunDirError
+from normlab.training.rundir.checkpoints import write_checkpoint
+from normlab.training.rundir.config import CONFIG_FILE
+from normlab.training.rundir.files import RunDirError
 
 COMMAND = "normlab-convert"
 ACCEPTS = "a LayerNorm .ckpt, a run directory or a Hugging Face GPT-2 model directory"

@@ -42,7 +42,7 @@ def run_identity(config: dict, source: str) -> dict:
 def read_rows(path: str | Path, parse: Callable[[str, str], object], columns=("step",)) -> list[dict]:
     """The rows of a CSV file that normlab writes, each value through parse(column, value). A header without
     `columns`, a row cut short (the last line without its newline), with another number of fields than the header,
-    or with a value that does not parse raises DamagedTable naming its line (training.run_tables.read_table drops the
+    or with a value that does not parse raises DamagedTable naming its line (training.rundir.tables.read_table drops the
     same rows, silently)."""
     lines = Path(path).read_bytes().decode("utf-8", errors="replace").split("\n")
     if lines.pop():

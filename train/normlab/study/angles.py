@@ -20,9 +20,9 @@ from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites
 from normlab.probe.table import CSV_COLUMNS, AnalysisError, is_angles_header, run_identity
 from normlab.training import loader
-from normlab.training.checkpoint_files import verify
-from normlab.training.run_files import RunDirError, warn
-from normlab.training.run_tables import read_table
+from normlab.training.rundir.checkpoints import verify
+from normlab.training.rundir.files import RunDirError, warn
+from normlab.training.rundir.tables import read_table
 
 COMMAND = "normlab-angles"
 

@@ -30,8 +30,8 @@ from normlab.common.errors import ConfigError
 from normlab.common.moved import current_config
 from normlab.model import norms
 from normlab.model.conversion import ConvertError, centred_weights, check_convertible
-from normlab.training.checkpoint_files import intact_checkpoint_of, read_checkpoint, recorded_step
-from normlab.training.run_config import CONFIG_FILE, flat
+from normlab.training.rundir.checkpoints import intact_checkpoint_of, read_checkpoint, recorded_step
+from normlab.training.rundir.config import CONFIG_FILE, flat
 
 # What a branch must share with its source (beyond them it may differ in its norm, its optimizer's settings, its
 # checkpoint schedule, probes and names): the model, the data and their order, the batch and the schedule

@@ -225,7 +225,7 @@ def model_settings(model: DictConfig) -> dict:
 def check_checkpoints(cfg: DictConfig) -> None:
     """`checkpoints` configures the run directory, which no run goes without: it cannot be removed, and takes
     CheckpointSchedule's settings (those train() does not fill in from run_dir and trainer), of their types."""
-    from normlab.training.checkpoint_files import CheckpointSchedule
+    from normlab.training.rundir.checkpoints import CheckpointSchedule
 
     if not isinstance(cfg.get("checkpoints"), DictConfig):
         raise ConfigError("checkpoints cannot be removed: it configures the run directory (its checkpoints, "

@@ -12,10 +12,10 @@ from torch import nn
 
 from normlab.common.errors import NormlabError
 from normlab.common.moved import current_config
-from normlab.training.checkpoint_files import chosen_checkpoint, read_checkpoint
-from normlab.training.claim import describe, training_holder
 from normlab.training.pipeline import build_model
-from normlab.training.run_files import RunDirError
+from normlab.training.rundir.checkpoints import chosen_checkpoint, read_checkpoint
+from normlab.training.rundir.claim import describe, training_holder
+from normlab.training.rundir.files import RunDirError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ACCEPTS = "a .ckpt or a run directory"

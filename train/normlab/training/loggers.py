@@ -8,14 +8,14 @@ from pathlib import Path
 from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
-from normlab.training.run_tables import METRICS_FILE, read_table, write_table
+from normlab.training.rundir.tables import METRICS_FILE, read_table, write_table
 
 
 class CSVLogger(Logger):
     """Writes <save_dir>/metrics.csv: a `step` column, then the metrics in alphabetical order. Rows are appended
     (and flushed) whenever Lightning saves the logger, which is after every logging call; a new column rewrites
     the file atomically. The run directory drops the rows of an interrupted attempt before a run resumes, and
-    flushes the file to disk before every checkpoint (train/normlab/training/run_dir.py, run_tables.py)."""
+    flushes the file to disk before every checkpoint (train/normlab/training/rundir/directory.py, tables.py)."""
 
     def __init__(self, save_dir: str):
         super().__init__()

@@ -31,7 +31,7 @@ class LanguageModel(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         # Each rank its own dropout stream (rank 0 the single-process one); a resumed run then restores them all
-        # (train/normlab/training/run_dir.py keeps every rank's generators in the full checkpoints).
+        # (train/normlab/training/rundir/directory.py keeps every rank's generators in the full checkpoints).
         L.seed_everything(self.hparams.seed + self.global_rank, verbose=False)
 
     def configure_model(self) -> None:

@@ -80,7 +80,7 @@ def build_module(cfg: DictConfig):
 
 def build_run_directory(cfg: DictConfig):
     """The run directory of `cfg.run_dir`, with the checkpoint schedule of `cfg.checkpoints` (run_dir.RunDirectory)."""
-    from normlab.training.run_dir import RunDirectory
+    from normlab.training.rundir.directory import RunDirectory
 
     first_step = (cfg.get("branch") or {}).get("step") or 0  # a branch's (training/branch.py)
     return RunDirectory(cfg.run_dir, cfg.trainer.max_steps, cfg.trainer.val_check_interval, first_step,
@@ -145,7 +145,7 @@ def train(cfg: DictConfig, extra_callbacks=()):
 
         quiet_libraries()
         from normlab.training.branch import check_branch, start_checkpoint
-        from normlab.training.revalidate import revalidate
+        from normlab.training.rundir.revalidate import revalidate
 
         attention = runtime.apply(cfg.runtime, cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1)
         L.seed_everything(cfg.seed, workers=True, verbose=False)

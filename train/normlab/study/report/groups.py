@@ -17,7 +17,7 @@ from normlab.probe.profiles import last_step
 from normlab.probe.table import AnalysisError
 from normlab.study.report.intervals import Interval
 from normlab.study.report.runs import CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, continuing_sources
-from normlab.training.run_config import flat, is_off
+from normlab.training.rundir.config import flat, is_off
 
 if TYPE_CHECKING:
     from normlab.model.norms import Traits

@@ -19,8 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.moved import current_config
 from normlab.probe.table import AnalysisError, DamagedTable, read_rows
-from normlab.training.run_files import warn
-from normlab.training.run_tables import step_ranges
+from normlab.training.rundir.files import warn
+from normlab.training.rundir.tables import step_ranges
 
 if TYPE_CHECKING:
     from normlab.model.norms import Traits
@@ -211,9 +211,9 @@ def read_ablation(path: Path) -> list[dict]:
 
 
 def saved_step(run_dir: Path) -> int | None:
-    """The highest step the run's checkpoints hold, as their digest files record it (checkpoint_files.py; not
+    """The highest step the run's checkpoints hold, as their digest files record it (checkpoints.py; not
     verified: the training run that resumes from them does that); None where it has none."""
-    from normlab.training.checkpoint_files import recorded_step  # here: it imports torch
+    from normlab.training.rundir.checkpoints import recorded_step  # here: it imports torch
 
     steps = [recorded_step(p) for p in (run_dir / "checkpoints").glob("*.ckpt") if not p.name.startswith("nonfinite")]
     return max(steps) if steps and max(steps) >= 0 else None

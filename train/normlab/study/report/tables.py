@@ -16,7 +16,7 @@ from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.runs import LEARNED_MARGIN, Run
 from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, replacements, seeds_text
-from normlab.training.run_tables import step_ranges
+from normlab.training.rundir.tables import step_ranges
 
 
 def parameter_count(config: dict, cache: dict) -> int:

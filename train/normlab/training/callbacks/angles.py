@@ -14,10 +14,10 @@ from normlab.data.tokenizer import EOT
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites, stat_rows
 from normlab.probe.table import CSV_COLUMNS, PER_DIRECTION_COLUMNS, run_identity
-from normlab.training.checkpoint_files import checkpoint_steps, verify
 from normlab.training.loader import read_checkpoint
-from normlab.training.run_dir import RunDirectory
-from normlab.training.run_files import RunDirError, warn
+from normlab.training.rundir.checkpoints import checkpoint_steps, verify
+from normlab.training.rundir.directory import RunDirectory
+from normlab.training.rundir.files import RunDirError, warn
 
 
 class AngleCallback(L.Callback):

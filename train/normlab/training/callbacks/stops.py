@@ -16,7 +16,7 @@ from normlab.common.errors import (
     received,
     under_submitit,
 )
-from normlab.training.run_dir import RunDirectory
+from normlab.training.rundir.directory import RunDirectory
 
 
 def requeues_itself() -> bool:
@@ -47,7 +47,7 @@ class Preemption(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # Saved here, between steps, where Lightning resumes a mid-epoch checkpoint from; a step followed by a
-        # validation is saved after it instead (training/run_dir.py), with the checkpoints of its schedule.
+        # validation is saved after it instead (training/rundir/directory.py), with the checkpoints of its schedule.
         run = RunDirectory.of(trainer)
         if (batch_idx + 1) % trainer.accumulate_grad_batches or run.schedule.validates_after(trainer.global_step):
             return

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.moved import current_config
 from normlab.common.run_identity import identifies_the_run
-from normlab.training.run_files import RunDirError
+from normlab.training.rundir.files import RunDirError
 
 CONFIG_FILE = "config.yaml"
 

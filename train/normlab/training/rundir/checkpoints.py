@@ -2,7 +2,7 @@
 with a digest file beside it (`<name>.ckpt.json`: sha256, size, step, contents) and verified against it before it is
 resumed from or read; the newest intact one chosen by the step its digest file records (not file times). Lightning
 stays out of this module: the commands that only read a checkpoint import it (RunDirectory's checkpoint IO plugin,
-which writes through write_checkpoint, is in run_dir.py)."""
+which writes through write_checkpoint, is in directory.py)."""
 
 import hashlib
 import json
@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from normlab.common.atomic import replacing
 from normlab.common.errors import ConfigError
-from normlab.training.run_files import RunDirError, warn, write_atomically, write_error
+from normlab.training.rundir.files import RunDirError, warn, write_atomically, write_error
 
 LAST, PREVIOUS = "last.ckpt", "previous.ckpt"
 VERIFY_PROGRESS_BYTES = 1 << 30  # show a progress bar when verifying checkpoints larger than this

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from normlab.common.atomic import fsync_file
-from normlab.training.run_files import warn, write_atomically
+from normlab.training.rundir.files import warn, write_atomically
 
 METRICS_FILE = "metrics.csv"
 ANGLES_FILE = "angles.csv"

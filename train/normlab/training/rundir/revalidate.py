@@ -11,9 +11,9 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from omegaconf import DictConfig
 
 from normlab.common.errors import process_rank
-from normlab.training.checkpoint_files import read_checkpoint
-from normlab.training.run_dir import RunDirectory
-from normlab.training.run_tables import METRICS_FILE
+from normlab.training.rundir.checkpoints import read_checkpoint
+from normlab.training.rundir.directory import RunDirectory
+from normlab.training.rundir.tables import METRICS_FILE
 from normlab.training.strategies import precision_settings
 
 

@@ -3,10 +3,10 @@ train() builds from run_dir and the `checkpoints` settings (pipeline.build_run_d
 a callback (the other callbacks find it with RunDirectory.of(trainer)) and as its checkpoint IO plugin
 
 - claims the directory for one process before anything is written (claim.py), and releases it at the end;
-- checks that the directory holds a run of the same config (run_config.py), or moves that run aside with
+- checks that the directory holds a run of the same config (config.py), or moves that run aside with
   restart=true, and keeps the run's wandb id (`run_id`: new for a fresh run, the same whenever it resumes);
-- resumes from the intact full checkpoint of the highest step recorded in it (checkpoint_files.py), and makes
-  metrics.csv and angles.csv consistent with that checkpoint (run_tables.py), finding the checkpoints that hold the
+- resumes from the intact full checkpoint of the highest step recorded in it (checkpoints.py), and makes
+  metrics.csv and angles.csv consistent with that checkpoint (tables.py), finding the checkpoints that hold the
   weights of validations metrics.csv lost (train() validates them again: revalidate.py);
 - saves `last.ckpt` (full training state) after every validation, the previous one kept as `previous.ckpt`, and the
   scheduled `step-NNNNNNN.ckpt` (model weights and config; full state with scheduled=full): each atomically with
@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common.atomic import link_over
 from normlab.common.errors import ConfigError, process_rank
 from normlab.common.run_identity import RUN_ID_FILE
-from normlab.training.checkpoint_files import (
+from normlab.training.rundir.checkpoints import (
     LAST,
     PREVIOUS,
     CheckpointSchedule,
@@ -44,10 +44,10 @@ from normlab.training.checkpoint_files import (
     resume_choice,
     write_checkpoint,
 )
-from normlab.training.claim import CLAIM_FILE, Claim, this_process
-from normlab.training.run_config import CONFIG_FILE, check_saved_config
-from normlab.training.run_files import RunDirError, remove_partial_writes, warn, write_atomically
-from normlab.training.run_tables import RunTables
+from normlab.training.rundir.claim import CLAIM_FILE, Claim, this_process
+from normlab.training.rundir.config import CONFIG_FILE, check_saved_config
+from normlab.training.rundir.files import RunDirError, remove_partial_writes, warn, write_atomically
+from normlab.training.rundir.tables import RunTables
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):

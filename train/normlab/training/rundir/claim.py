@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from normlab.common.errors import process_rank
-from normlab.training.run_files import RunDirError, warn
+from normlab.training.rundir.files import RunDirError, warn
 
 CLAIM_FILE = ".claim"
 RANK_WAIT_SECONDS = 600  # how long ranks other than 0 wait for rank 0 to claim the directory
