@@ -162,7 +162,7 @@ CASES = {
     "report of a missing path": (REPORT, ["runs=[{tmp}/run,{tmp}/nothing]"], None, ["{tmp}/nothing does not exist"]),
     "norm class not on the path": (REPORT, ["runs={tmp}/run"], (name_a_class_off_the_path, "run/config.yaml"),
                                    ["{tmp}/run/config.yaml: its norm class my_norms.ScaleNorm cannot be imported",
-                                    "put the folder that holds its module on PYTHONPATH"]),
+                                    "put the folder that holds my_norms.py on PYTHONPATH"]),
     "reference no run has": (REPORT, ["runs={tmp}/run", "reference=rmsnorm"], None,
                              ["reference=rmsnorm: no run has that norm (the runs' norms: layernorm)"]),
     "pairs of a norm no run has": (REPORT, ["runs={tmp}/run", "pairs=[[layernorm,scalenorm]]"], None,

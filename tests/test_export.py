@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2TokenizerFast
 
 from conftest import DOCS, EMBEDDED, FAST_TRAIN, NORM_CONFIGS, compose_config, norm_layer, run_cli
@@ -27,6 +28,7 @@ from normlab.model import norms
 from normlab.model.gpt import GPT, GPTConfig
 from normlab.probe.table import read_csv
 from normlab.training.loader import load_model
+from normlab.training.pipeline import build_model
 
 NORMS = NORM_CONFIGS
 CHECKPOINT = "checkpoints/step-0000006.ckpt"  # the newest of FAST_TRAIN's runs
@@ -270,3 +272,27 @@ def test_every_norm_with_a_tied_head_exports_to_the_same_logits(tmp_path, norm):
     ids = torch.randint(0, gpt2.VOCAB_SIZE, (3, 16), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(exported(ids).logits, model(ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm, sites", [
+    ("scalenorm", ["+norm.sites.final.eps=1000.0", "+norm.sites.attention.g_init=0.5"]),  # a user's: each site's own
+    ("layernorm", ["+norm.sites.final.eps=1000.0"]),  # GPT-2's LayerNorm takes one eps: exported with its own class
+    ("dyt", ["norm.sites.mlp.alpha_init=0.2", "norm.sites.final.alpha_init=0.9"]),
+])
+def test_every_setting_a_norm_was_built_with_is_exported_per_site(tmp_path, norm, sites):
+    """A norm whose sites differ (norm.sites) exports each site kind's settings: the exported model's logits are
+    normlab's, where an export of norm.layer's alone differed by more than 1."""
+    (tmp_path / "conf" / "norm").mkdir(parents=True)  # tests/user_norms.py's ScaleNorm as a user's yaml names it
+    (tmp_path / "conf" / "norm" / "scalenorm.yaml").write_text(
+        "name: scalenorm\nlayer:\n  _target_: user_norms.ScaleNorm\n  _partial_: true\n  eps: 1.0e-5\n")
+    user = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    cfg = compose_config("train", ["model=tiny", "model.n_layer=2", f"norm={norm}", *sites, *user])
+    model = build_model(cfg)
+    model.init_weights(seed=3)
+    out = tmp_path / "hf"
+    hf_model(model.eval(), {"run": "sites"}, OmegaConf.to_container(cfg.norm, resolve=True)).save_pretrained(out)
+    exported = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    assert exported.config.model_type == "normlab_gpt2" and exported.config.norm_site_args
+    ids = torch.randint(0, gpt2.VOCAB_SIZE, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, model(ids), rtol=1e-5, atol=1e-4)

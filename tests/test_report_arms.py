@@ -239,9 +239,9 @@ def test_a_norm_class_that_cannot_be_imported_is_one_line_naming_the_run_and_wha
     with pytest.raises(AnalysisError) as refused:
         report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
-    assert str(refused.value) == (f"{run / 'config.yaml'}: its norm class my_norms.ScaleNorm cannot be imported "
-                                  "(ModuleNotFoundError: No module named 'my_norms'): put the folder that holds its "
-                                  "module on PYTHONPATH")
+    assert str(refused.value) == (f"{run / 'config.yaml'}: its norm class my_norms.ScaleNorm cannot be imported: "
+                                  "no module my_norms on the Python path: put the folder that holds my_norms.py on "
+                                  "PYTHONPATH, or check the spelling")
     assert not (tmp_path / "out").exists()
 
 

@@ -57,6 +57,12 @@ def check_command_line(config_name: str, args: list[str]) -> None:
             override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
         )
         valid = sorted({p.stem for folder in folders for p in (folder / override.key_or_group).glob("*.yaml")})
+        shadowed = [folder / override.key_or_group / f"{choice}.yaml" for choice in choices for folder in folders[1:]
+                    if (folder / override.key_or_group / f"{choice}.yaml").is_file()
+                    and (CONF_DIR / override.key_or_group / f"{choice}.yaml").is_file()]
+        if shadowed:
+            fail(f"your {shadowed[0]} has the name of normlab's own {override.key_or_group}={shadowed[0].stem}, "
+                 "which Hydra takes in its place: rename your file (and the name in it)")
         for choice in choices:
             if choice not in valid and choice != "null":
                 yours = " or your config folders'" if len(folders) > 1 else ""

@@ -93,26 +93,38 @@ def hf_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
-def hf_model(model: torch.nn.Module, metadata: dict, norm_args: dict | None = None):
+def site_norms(model: torch.nn.Module) -> dict:
+    """A norm layer of each site kind (model.gpt.SITE_KINDS) of the normlab GPT `model`."""
+    return {"attention": model.blocks[0].ln_1, "mlp": model.blocks[0].ln_2, "final": model.ln_f}
+
+
+def hf_model(model: torch.nn.Module, metadata: dict, norm: dict | None = None):
     """The Hugging Face model that computes what the normlab GPT `model` computes: transformers' GPT2LMHeadModel for
-    GPT-2's LayerNorm, else GPT-2 with the norm's own class (norm_code.py), built with `norm_args` (the run config's
-    norm.layer; None: read from the module). `metadata` goes into its config as `normlab`."""
+    GPT-2's LayerNorm (of one eps at every site), else GPT-2 with the norm's own class (norm_code.py), built with
+    every setting its layers were built with, per site kind: the run config's `norm` (norm.layer, and norm.sites
+    where a site kind's differ; None: read from the modules). `metadata` goes into its config as `normlab`."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    c, norm = model.config, model.ln_f
+    c, sites = model.config, site_norms(model)
     settings = dict(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer,
                     n_head=c.n_head, activation_function="gelu_new", resid_pdrop=c.dropout, embd_pdrop=c.dropout,
                     attn_pdrop=c.dropout, bos_token_id=gpt2.EOT, eos_token_id=gpt2.EOT,
                     tie_word_embeddings=c.tie_embeddings, normlab=metadata)
-    if norms.is_layernorm(norm):
-        config, model_class = GPT2Config(layer_norm_epsilon=norm.eps, **settings), GPT2LMHeadModel
+    if all(norms.is_layernorm(layer) and layer.eps == model.ln_f.eps for layer in sites.values()):
+        config, model_class = GPT2Config(layer_norm_epsilon=model.ln_f.eps, **settings), GPT2LMHeadModel
     else:  # GPT-2 with the norm's own class, its module carried as the directory's code
+        layer = (norm or {}).get("layer")
         try:
-            code = norm_code.model_module(type(norm))
-            arguments = norm_code.norm_arguments(norm, norm_args)
+            code = norm_code.model_module(type(model.ln_f))
+            arguments = norm_code.norm_arguments(model.ln_f, layer)
+            per_site = {kind: norm_code.norm_arguments(module, None if layer is None else
+                                                       {**layer, **((norm or {}).get("sites") or {}).get(kind, {})})
+                        for kind, module in sites.items()}
         except norm_code.NormCodeError as e:
             raise ExportError(str(e)) from None
-        config = code.NormlabGPT2Config(norm_class=type(norm).__name__, norm_args=arguments, **settings)
+        config = code.NormlabGPT2Config(norm_class=type(model.ln_f).__name__, norm_args=arguments,
+                                        norm_site_args={k: v for k, v in per_site.items() if v != arguments},
+                                        **settings)
         model_class = code.NormlabGPT2LMHeadModel
     return model_class.from_pretrained(None, config=config, state_dict=hf_state_dict(model))
 
@@ -135,8 +147,8 @@ def hugging_face(
     if model.config.zero_mean_writers:  # GPT-2's code would not centre its writes: it would compute another function
         raise ExportError(f"{checkpoint} is a branch's zero-mean-writers control (branch.zero_mean_writers=true), "
                           "which Hugging Face's GPT-2 does not compute: it is for training comparisons, not export")
-    norm_args = loader.saved_config(loader.read_checkpoint(checkpoint))["norm"]["layer"]
-    converted = hf_model(model, metadata(checkpoint), norm_args).to(loader.DTYPES[dtype]).eval()
+    norm = loader.saved_config(loader.read_checkpoint(checkpoint))["norm"]
+    converted = hf_model(model, metadata(checkpoint), norm).to(loader.DTYPES[dtype]).eval()
     return converted, gpt2_tokenizer(model.config.block_size)
 
 

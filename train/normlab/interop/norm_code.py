@@ -36,8 +36,12 @@ from transformers import GPT2LMHeadModel as _GPT2LMHeadModel
 class NormlabGPT2Config(_GPT2Config):
     model_type = "normlab_gpt2"
 
-    def __init__(self, norm_class: str = "", norm_args: dict | None = None, **kwargs):
+    def __init__(self, norm_class: str = "", norm_args: dict | None = None, norm_site_args: dict | None = None,
+                 **kwargs):
+        # norm_site_args: the arguments of the norms before attention, before the MLP and at the end, where a site
+        # kind's differ from norm_args
         self.norm_class, self.norm_args = norm_class, dict(norm_args or {})
+        self.norm_site_args = dict(norm_site_args or {})
         super().__init__(**kwargs)
 
 
@@ -47,10 +51,13 @@ class NormlabGPT2LMHeadModel(_GPT2LMHeadModel):
     def __init__(self, config: NormlabGPT2Config):
         super().__init__(config)
         norm_class = globals()[config.norm_class]
+
+        def norm(kind):
+            return norm_class(config.n_embd, **config.norm_site_args.get(kind, config.norm_args))
+
         for block in self.transformer.h:
-            block.ln_1 = norm_class(config.n_embd, **config.norm_args)
-            block.ln_2 = norm_class(config.n_embd, **config.norm_args)
-        self.transformer.ln_f = norm_class(config.n_embd, **config.norm_args)
+            block.ln_1, block.ln_2 = norm("attention"), norm("mlp")
+        self.transformer.ln_f = norm("final")
         self.post_init()
 
 

@@ -22,8 +22,17 @@ What normlab asks of any norm layer, normlab's or a user's, is answered here and
   any other norm is ablated by centring its input, which needs nothing of the norm.
 - `saved_per_token(norm_factory, width)`: what autograd keeps of the norm per token beside its input, measured on a
   small forward with saved-tensor hooks (the resource plan's count).
+- `norm_class(target)` and `contract_violation(cls, arguments, width)`: the class of a `_target_`, imported with a
+  line that says why it cannot be (not on the path, a missing dependency, a syntax error: file and line), and what
+  keeps it from being a norm layer: built as cls(width, **arguments) with the width its first parameter, its output
+  of its input's shape and finite on a probe input. Every command that builds a model asks them before anything is
+  written (training.checks.check_norm, the report's arms).
 """
 
+import importlib
+import importlib.util
+import inspect
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -116,6 +125,86 @@ class DyT(Norm):
 
 
 # -- what a norm is, for any norm layer
+
+
+def source_of(obj) -> str:
+    """The file that defines a class or module (for the lines that name it)."""
+    try:
+        return inspect.getsourcefile(obj) or "?"
+    except TypeError:
+        return "built in"
+
+
+def import_failure(module: str, error: Exception) -> str:
+    """Why `module` cannot be imported, in words that say what to do."""
+    if isinstance(error, ModuleNotFoundError) and (error.name == module or module.startswith(f"{error.name}.")):
+        return (f"no module {module} on the Python path: put the folder that holds {module.replace('.', '/')}.py on "
+                "PYTHONPATH, or check the spelling")
+    try:
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec else "?"
+    except Exception:  # noqa: BLE001 (a parent package that fails to import)
+        origin = "?"
+    if isinstance(error, SyntaxError):
+        return f"{error.filename}, line {error.lineno}: {error.msg}: fix the syntax of {module}"
+    lines = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == origin]
+    where = f"{origin}, line {lines[-1].lineno}" if lines else origin
+    if isinstance(error, ModuleNotFoundError):
+        return f"{module} ({where}) imports {error.name}, which is not installed here: install it"
+    return f"importing {module} ({where}) fails: {type(error).__name__}: {str(error).strip().splitlines()[0]}"
+
+
+def norm_class(target: str) -> type:
+    """The class a norm's `_target_` names, imported; ValueError saying why it cannot be."""
+    module, _, name = str(target).rpartition(".")
+    if not module:
+        raise ValueError(f"{target} names no module: give module.Class")
+    try:
+        imported = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 (whatever a user's module raises when imported)
+        raise ValueError(import_failure(module, e)) from None
+    if not hasattr(imported, name):
+        raise ValueError(f"{module} ({source_of(imported)}) has no {name}: check the class's name")
+    return getattr(imported, name)
+
+
+def contract_violation(cls, arguments: dict[str, dict], width: int) -> str | None:
+    """What keeps `cls` from serving as a norm layer, or None. A model builds it as cls(width, **arguments[site])
+    for each site's settings: the width must be its first parameter (a positional one without a default, that no
+    setting names); each layer's output on a probe input must have the input's shape and be finite."""
+    try:
+        parameters = [] if getattr(cls, "__init__", None) is nn.Module.__init__ else list(
+            inspect.signature(cls).parameters.values())  # nn.Module's own takes *args: none of the class's
+    except (TypeError, ValueError):  # a signature Python cannot read (a C extension): the probe tells
+        parameters = None
+    if parameters is not None:
+        positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not positional and not any(p.kind is p.VAR_POSITIONAL for p in parameters):
+            return "its constructor takes no width: make the width its first parameter, __init__(self, dim, ...)"
+        if positional:
+            first = positional[0]
+            if first.default is not first.empty:
+                return (f"its first parameter, {first.name}, has a default ({first.default!r}), and normlab passes "
+                        f"the width there: make the width the first parameter, __init__(self, dim, {first.name}=...)")
+            if named := [site for site, given in arguments.items() if first.name in given]:
+                return (f"{named[0]} sets {first.name}, its first parameter, where normlab passes the width: remove "
+                        "that setting")
+    with torch.device("cpu"), torch.no_grad():
+        x = torch.randn(2, 3, width, generator=torch.Generator().manual_seed(0))
+        for site, given in arguments.items():
+            with_settings = f" with {site}'s settings" if len(arguments) > 1 else ""
+            try:
+                y = cls(width, **given)(x)
+            except Exception as e:  # noqa: BLE001 (whatever a user's class raises)
+                return (f"building it at width {width}{with_settings} and running it fails: {type(e).__name__}: "
+                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            if not isinstance(y, torch.Tensor) or y.shape != x.shape:
+                shape = tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+                return (f"it returns {shape} for an input of shape {tuple(x.shape)}{with_settings}: a norm keeps its "
+                        "input's shape")
+            if not torch.isfinite(y).all():
+                return f"it returns values that are not finite on a random input{with_settings}"
+    return None
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ traceback, or do the wrong thing and exit 0, is refused here in one line (Config
 The data module, the model config and the run directory check their own settings when they are built."""
 
 import dataclasses
+import functools
 import inspect
 import math
 import os
@@ -13,6 +14,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError
+from normlab.common.paths import CONF_DIR
 
 SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
 
@@ -112,7 +114,14 @@ def check_arguments(name: str, node: DictConfig) -> dict:
     try:
         target = get_object(node._target_)
     except Exception:
-        raise ConfigError(f"{name}._target_={node._target_} cannot be imported: check its spelling") from None
+        from normlab.model.norms import norm_class
+
+        try:
+            norm_class(node._target_)  # says why: not on the path, a missing dependency, a syntax error
+            why = "check its spelling"
+        except ValueError as e:
+            why = str(e)
+        raise ConfigError(f"{name}._target_={node._target_} cannot be imported: {why}") from None
     parameters = signature(target).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
         unknown = sorted(set(node) - set(parameters) - SPECIAL_KEYS)
@@ -144,6 +153,54 @@ def norm_sites(norm: DictConfig) -> dict[str, dict]:
         raise ConfigError("norm.sites must map a site kind (attention, mlp, final) to settings of norm.layer, "
                           "e.g. {attention: {alpha_init: 0.8}}")
     return {str(kind): OmegaConf.to_container(settings, resolve=True) for kind, settings in sites.items()}
+
+
+@functools.cache
+def built_in_norms() -> dict[str, str]:
+    """normlab's own norms (conf/norm/*.yaml): name -> the class its layer names (a variant's: the norm its defaults
+    list extends)."""
+    found = {}
+    for path in sorted((CONF_DIR / "norm").glob("*.yaml")):
+        node = OmegaConf.load(path)
+        while "_target_" not in (node.get("layer") or {}) and node.get("defaults"):
+            node = OmegaConf.load(CONF_DIR / "norm" / f"{node.defaults[0]}.yaml")
+        found[path.stem] = str((node.get("layer") or {}).get("_target_"))
+    return found
+
+
+def check_norm_config(norm: DictConfig) -> None:
+    """The norm's yaml gives a name, and a layer with a `_target_`; a built-in's name only for the built-in's class
+    (a run, its figures and its report group go by the name)."""
+    name = norm.get("name") if "name" in norm and not OmegaConf.is_missing(norm, "name") else None
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError("the norm has no name (norm.name): give your norm's yaml a `name:`, the name its runs, "
+                          "figures and report go by (docs/norms.md)")
+    layer = norm.get("layer")
+    if not isinstance(layer, DictConfig) or "_target_" not in layer:
+        raise ConfigError(f"norm '{name}' has no norm.layer._target_: give the class of its layer (docs/norms.md)")
+    own = built_in_norms().get(name)
+    if own is not None and own != str(layer._target_):
+        raise ConfigError(f"norm.name={name} is normlab's own norm (its class {own}), and this norm's class is "
+                          f"{layer._target_}: give your norm a name of its own")
+
+
+def check_norm(norm: DictConfig, width: int) -> None:
+    """A norm's contract (model.norms), before anything is written: its config (check_norm_config), its class
+    importable, built at the model's width as cls(width, **settings) at every site, its output of its input's shape
+    and finite. One line naming the class, its file and what to change."""
+    from normlab.model.norms import contract_violation, norm_class, source_of
+
+    check_norm_config(norm)
+    target = str(norm.layer._target_)
+    try:
+        cls = norm_class(target)
+    except ValueError as e:
+        raise ConfigError(f"norm '{norm.name}': its class {target} cannot be imported: {e}") from None
+    settings = {k: v for k, v in OmegaConf.to_container(norm.layer, resolve=True).items() if k not in SPECIAL_KEYS}
+    arguments = {"norm.layer": settings, **{f"norm.sites.{kind}": {**settings, **given}
+                                           for kind, given in norm_sites(norm).items()}}
+    if problem := contract_violation(cls, arguments, width):
+        raise ConfigError(f"norm '{norm.name}': {target} ({source_of(cls)}): {problem}")
 
 
 PRIMARY_CONTRASTS = ("centring", "bias", "interaction")  # the effects of the centring x bias 2x2
@@ -252,6 +309,7 @@ def check_slurm_tasks(devices) -> None:
 
 
 def check_train_config(cfg: DictConfig) -> None:
+    check_norm_config(cfg.norm)  # first: the run's name interpolates norm.name
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
     check_checkpoints(cfg)  # first: the angles callback interpolates them

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError, Interrupted, NormlabError, process_rank, received
-from normlab.training.checks import check_train_config, model_settings, norm_sites
+from normlab.training.checks import check_norm, check_train_config, model_settings, norm_sites
 
 
 def build(config: DictConfig):
@@ -30,13 +30,15 @@ def build(config: DictConfig):
 
 def build_model(cfg: DictConfig):
     """The GPT of `cfg.model` with the norm layer of `cfg.norm` (weights not initialised); a key of cfg.model that is
-    not GPTConfig's is refused in one line (checks.model_settings)."""
+    not GPTConfig's, and a norm that breaks a norm's contract (checks.check_norm), are refused in one line."""
     from normlab.model.gpt import GPT, GPTConfig
 
+    settings = model_settings(cfg.model)
+    check_norm(cfg.norm, settings.get("n_embd", 8))
     layer = instantiate(cfg.norm.layer)
     sites = {kind: partial(layer, **settings) for kind, settings in norm_sites(cfg.norm).items()}
     zero_mean_writers = bool((cfg.get("branch") or {}).get("zero_mean_writers"))  # a branch's control arm
-    model = GPT(GPTConfig(**model_settings(cfg.model), zero_mean_writers=zero_mean_writers), norm=layer, sites=sites)
+    model = GPT(GPTConfig(**settings, zero_mean_writers=zero_mean_writers), norm=layer, sites=sites)
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
     return model
 

@@ -5,7 +5,6 @@ per file); `.replaced-*` folders are skipped, and folders without training metri
 listed (`untrained_runs`)."""
 
 import functools
-import importlib
 import json
 import math
 import os
@@ -58,25 +57,21 @@ class Arm:
 
 @functools.cache
 def layer_traits(layer: str) -> "Traits":
-    """What the norm class of `layer` (norm.layer, as JSON) says it is: a layer built at width 8 on the CPU, asked
-    with model.norms.traits (the class answers, whatever keys an older config.yaml holds beside it)."""
-    from hydra.utils import instantiate  # here: the norm's module imports torch
-
-    from normlab.model.norms import traits
+    """What the norm class of `layer` (norm.layer, as JSON) says it is: the class imported and checked as every
+    command checks a norm (model.norms.contract_violation, at width 8), a layer of it asked with model.norms.traits
+    (the class answers, whatever keys an older config.yaml holds beside it)."""
+    from normlab.model.norms import contract_violation, norm_class, source_of, traits
 
     settings = json.loads(layer)
     target = str(settings.get("_target_"))
-    module, _, name = target.rpartition(".")
     try:
-        getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise AnalysisError(f"its norm class {target} cannot be imported ({type(e).__name__}: {e}): put the folder "
-                            "that holds its module on PYTHONPATH") from None
-    try:
-        return traits(instantiate(settings, _partial_=True)(8))
-    except Exception as e:  # noqa: BLE001 (whatever the user's class raises)
-        raise AnalysisError(f"its norm {target} cannot be built from its norm.layer "
-                            f"({type(e).__name__}: {str(e).strip().splitlines()[0]})") from None
+        cls = norm_class(target)
+    except ValueError as e:
+        raise AnalysisError(f"its norm class {target} cannot be imported: {e}") from None
+    arguments = {k: v for k, v in settings.items() if not k.startswith("_")}
+    if problem := contract_violation(cls, {"norm.layer": arguments}, 8):
+        raise AnalysisError(f"its norm {target} ({source_of(cls)}): {problem}")
+    return traits(cls(8, **arguments))
 
 
 def arm_of(config: dict, path: Path, role: str = "") -> Arm:
