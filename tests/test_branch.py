@@ -5,7 +5,10 @@ float rounding (float64); a `-m` sweep of arms and steps, and a branch stopped b
 uninterrupted one; what cannot be branched is one line. Real runs: the session's FAST_TRAIN sweep as sources, and a
 longer one (14 steps) where a branch needs steps to follow."""
 
+import errno
 import itertools
+import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -19,7 +22,9 @@ from normlab.common.errors import ConfigError
 from normlab.interop.export import ExportError, hugging_face
 from normlab.training.loader import load_model
 from normlab.training.pipeline import train
+from normlab.training.rundir import checkpoints, directory
 from normlab.training.rundir.checkpoints import read_checkpoint
+from normlab.training.rundir.files import RunDirError, write_error
 from test_faults import final_weights, finish, flip_bytes, logged_steps, metrics, resumed_step, wait_for
 
 K = 4
@@ -152,15 +157,18 @@ def test_a_sweep_of_arms_and_steps_and_a_branch_stopped_by_sigterm_resumes_to_th
 
 
 @pytest.mark.parametrize("arm, step, message", [
-    ("layernorm", 3, "has no intact checkpoint of step 3 (its steps: 0, 2, 4, 6): give one of its steps as "
+    ("layernorm", 3, "has no checkpoint of step 3 (its steps: 0, 2, 4, 6): give one of its steps as "
                      "branch.step"),
+    ("layernorm", K, "branch.zero_mean_writers=true with norm=layernorm: the control arm is an RMSNorm model whose "
+                     "writers are centred (norm=rmsnorm_bias, or rmsnorm for a LayerNorm without bias)"),
     ("layernorm", 6, "branch.step=6: give a step of the source's checkpoints from 1 to below trainer.max_steps=6"),
     ("rmsnorm", K, "norm=rmsnorm (bias False, eps 1e-05) is not the exact RMSNorm of"),
     ("dyt", K, "norm=dyt: a branch keeps its source's norm or converts its LayerNorms exactly into RMSNorms"),
 ])
 def test_what_cannot_be_branched_is_one_line(sweep, tmp_path, arm, step, message):
+    extra = ["branch.zero_mean_writers=true"] if "zero_mean_writers" in message else []
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        train(branch_config(tmp_path, run_of(sweep, "layernorm"), arm, step=step))
+        train(branch_config(tmp_path, run_of(sweep, "layernorm"), arm, *extra, step=step))
     assert not (tmp_path / arm).exists()  # nothing written
 
 
@@ -177,3 +185,95 @@ def test_a_source_of_another_norm_cannot_be_converted_and_a_setting_of_its_own_i
         train(compose_config("train", [*FAST_TRAIN, f"branch.source={run_of(sweep, 'layernorm')}",
                                        f"run_dir={tmp_path / 'x'}"]))
     assert not (tmp_path / "rmsnorm_bias").exists() and not (tmp_path / "x").exists()
+
+
+# -- the source: read once, checked as read, trusted over its config.yaml, recorded whole
+
+
+def source_copy(sweep, tmp_path: Path) -> Path:
+    """A copy of the session's LayerNorm run (checkpoints of steps 0, 2, 4, 6; previous.ckpt of step 4)."""
+    return Path(shutil.copytree(run_of(sweep, "layernorm"), tmp_path / "source"))
+
+
+def test_a_source_checkpoint_replaced_while_it_is_read_is_refused_never_taken_for_the_step_checked(
+        sweep, tmp_path, monkeypatch):
+    """Step 4 only in previous.ckpt, which a run still training replaces with step 6 between the reading of its
+    digest file and of its bytes: the bytes read are checked against the digest, and refused; nothing is written."""
+    source = source_copy(sweep, tmp_path)
+    for name in ("step-0000004.ckpt", "step-0000004.ckpt.json"):
+        (source / "checkpoints" / name).unlink()
+    read_record = checkpoints.read_record
+
+    def then_replaced(path: Path):
+        record = read_record(path)
+        if path.name == "previous.ckpt":  # as a save replaces a file: a new file renamed over it
+            for name in ("last.ckpt", "last.ckpt.json"):
+                shutil.copy(source / "checkpoints" / name, source / "checkpoints" / f".{name}.new")
+            os.replace(source / "checkpoints" / ".last.ckpt.new", path)
+            os.replace(source / "checkpoints" / ".last.ckpt.json.new", checkpoints.digest_path(path))
+        return record
+
+    monkeypatch.setattr(checkpoints, "read_record", then_replaced)
+    with pytest.raises(ConfigError, match=r"^branch.source=.*: its checkpoint of step 4 cannot be read: "
+                                          r".*previous.ckpt does not match the sha256 in its digest file \(its bytes "
+                                          r"were corrupted, or it was replaced while it was read\); restore it"):
+        train(branch_config(tmp_path, source, "layernorm"))
+    assert not (tmp_path / "layernorm").exists()
+
+
+def test_a_truncated_source_checkpoint_is_named_as_such(sweep, tmp_path):
+    source = source_copy(sweep, tmp_path)
+    (source / "checkpoints" / "previous.ckpt").unlink()
+    with open(source / "checkpoints" / "step-0000004.ckpt", "r+b") as f:
+        f.truncate(5000)
+    with pytest.raises(ConfigError) as refused:
+        train(branch_config(tmp_path, source, "layernorm"))
+    assert str(refused.value).startswith(
+        f"branch.source={source}: its checkpoint of step 4 cannot be read: {source}/checkpoints/step-0000004.ckpt "
+        "holds 5,000 bytes, its digest file says ")
+    assert str(refused.value).endswith("(truncated, or replaced while it was read); restore it, or give another of "
+                                       "its steps as branch.step (0, 2, 6)")
+    assert not (tmp_path / "layernorm").exists()
+
+
+def test_the_source_checkpoints_config_is_trusted_over_its_config_yaml(sweep, tmp_path):
+    """config.yaml saying d = 32 of a run whose checkpoints are 64 wide: a branch given d = 32 is told what the
+    checkpoint holds (not a traceback of mismatched shapes); config.yaml not YAML at all does not stop a branch, which
+    records its source as an absolute path with its run id."""
+    source = source_copy(sweep, tmp_path)
+    saved = (source / "config.yaml").read_text()
+    (source / "config.yaml").write_text(saved.replace("n_embd: 64", "n_embd: 32"))
+    with pytest.raises(ConfigError) as refused:
+        train(branch_config(tmp_path, source, "layernorm", "model.n_embd=32"))
+    assert str(refused.value) == (
+        f"model.n_embd=32, where branch.source={source}'s checkpoint step-0000004.ckpt has 64 (its config.yaml says "
+        "32: the checkpoint is what a branch starts from): a branch continues its source, so only its norm (and its "
+        "optimizer's settings) may differ: give the source's")
+    assert not (tmp_path / "layernorm").exists()
+
+    (source / "config.yaml").write_text("model: [64\n")
+    relative = os.path.relpath(source)
+    train(branch_config(tmp_path, Path(relative), "layernorm"))
+    branched = read_checkpoint(tmp_path / "layernorm" / "checkpoints" / "step-0000004.ckpt")["branched_from"]
+    assert branched == {"source": str(source.resolve()), "run_id": (source / "run_id").read_text().strip(),
+                        "step": 4, "checkpoint": "step-0000004.ckpt"}
+    assert f"source: {source.resolve()}" in (tmp_path / "layernorm" / "config.yaml").read_text()
+
+
+def test_a_branch_whose_first_checkpoint_met_a_full_disk_starts_again(sweep, tmp_path, monkeypatch):
+    """The branch's config is written before its first checkpoints: a disk that fills while they are written fails
+    the start in one line, and the same command, once space is freed, resumes the branch from what was written."""
+    real = directory.write_checkpoint
+
+    def full_disk(checkpoint, path):  # the step's checkpoint written, then the disk full for last.ckpt
+        if path.name == "last.ckpt":
+            raise write_error(path, OSError(errno.ENOSPC, "No space left on device"))
+        return real(checkpoint, path)
+
+    monkeypatch.setattr(directory, "write_checkpoint", full_disk)
+    with pytest.raises(RunDirError, match="^no space left on device while writing .*last.ckpt"):
+        train(branch_config(tmp_path, run_of(sweep, "layernorm"), "rmsnorm_bias"))
+    assert [p.name for p in (tmp_path / "rmsnorm_bias" / "checkpoints").glob("*.ckpt")] == ["step-0000004.ckpt"]
+    monkeypatch.setattr(directory, "write_checkpoint", real)
+    train(branch_config(tmp_path, run_of(sweep, "layernorm"), "rmsnorm_bias"))
+    assert read_checkpoint(tmp_path / "rmsnorm_bias" / "checkpoints" / "last.ckpt")["global_step"] == 6

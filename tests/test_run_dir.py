@@ -262,3 +262,78 @@ def test_the_schedule_always_ends_at_the_final_step():
     paper = checkpoint_steps(25_500, 1000, 10_000, 10_000)
     assert paper == [0, *range(1000, 10_001, 1000), 20_000, 25_500]
     assert checkpoint_steps(6, 4, 4, 100, extra=(5,)) == [0, 4, 5, 6]
+
+
+# -- a run directory is known by its files (common/run_identity.run_files): resumed, branched into, or refused
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+T = ["model=tiny", "data.batch_size=2", "data.val_tokens=1024", "logger=csv", "trainer.val_check_interval=2",
+     "trainer.max_steps=8", "probe.tokens=8192"]
+
+
+def one_line(result) -> str:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    return line
+
+
+def test_a_run_whose_checkpoints_were_deleted_is_refused_never_replaced(sweep, tmp_path):
+    """Its config.yaml, metrics.csv and angles.csv left, the checkpoints deleted to save quota: a start of another
+    norm, of the same config, or a branch into it all leave every byte as it was; restart=true moves it aside and
+    says what it moved."""
+    run = Path(shutil.copytree(run_of(sweep, "rmsnorm"), tmp_path / "x"))
+    shutil.rmtree(run / "checkpoints")
+    before = files_of(run)
+    other = one_line(run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN, "norm=layernorm"))
+    assert other == (f"normlab-train: error: {run} holds a run of another config (norm.layer._target_: "
+                     "normlab.model.norms.RMSNorm -> normlab.model.norms.LayerNorm, norm.layer.bias: False -> True, "
+                     "norm.name: rmsnorm -> layernorm): give another run_dir, or restart=true to move that run "
+                     "aside and start over")
+    same = one_line(run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN, "norm=rmsnorm"))
+    assert same == (f"normlab-train: error: {run} holds a run whose checkpoints are gone (run_id, config.yaml, "
+                    "metrics.csv, angles.csv; rows in metrics.csv and angles.csv), which a start here would replace: "
+                    "give another run_dir, or restart=true to move that run aside and start over")
+    branch = one_line(run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN, "norm=rmsnorm",
+                              f"branch.source={run_of(sweep, 'rmsnorm')}", "branch.step=4"))
+    assert "which a start here would replace" in branch or "holds a run of another config" in branch
+    assert files_of(run) == before
+
+    restarted = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN, "norm=rmsnorm", "restart=true")
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    (aside,) = tmp_path.glob("x.replaced-*")
+    assert files_of(aside) == before
+    assert (f"restart=true: moved the earlier run (angles.csv, config.yaml, metrics.csv, overrides.yaml, run_id) to "
+            f"{aside}") in restarted.stderr
+
+
+def test_a_start_that_saved_no_checkpoint_starts_again_in_its_directory(sweep, tmp_path):
+    """What a start writes before its first checkpoint (run_id, config.yaml, overrides.yaml), and no row: the same
+    command starts again there, with the run's id kept."""
+    run = Path(shutil.copytree(run_of(sweep, "layernorm"), tmp_path / "x"))
+    for name in ("checkpoints", "metrics.csv", "angles.csv"):
+        shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+    run_id = (run / "run_id").read_text()
+    result = run_cli("normlab-train", f"run_dir={run}", *FAST_TRAIN, "norm=layernorm")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run / "run_id").read_text() == run_id and (run / "checkpoints" / "step-0000006.ckpt").is_file()
+
+
+@pytest.mark.parametrize("where", ["the corpus", "inside the corpus", "inside a run"])
+def test_a_run_dir_in_a_corpus_or_inside_another_run_is_refused(prepared, sweep, tmp_path, where):
+    corpus = Path(shutil.copytree(prepared, tmp_path / "corpus"))
+    run_dir = {"the corpus": corpus, "inside the corpus": corpus / "run",
+               "inside a run": run_of(sweep, "layernorm") / "checkpoints" / "sub"}[where]
+    before = files_of(corpus)
+    line = one_line(run_cli("normlab-train", f"run_dir={run_dir}", *T))
+    expected = {"the corpus": f"run_dir={corpus} is a prepared corpus: give a run directory of its own, e.g. "
+                              "run_dir=checkpoints/myrun",
+                "inside the corpus": f"run_dir={run_dir} lies inside a prepared corpus, {corpus}: give a run "
+                                     "directory outside it",
+                "inside a run": f"run_dir={run_dir} lies inside a run directory, {run_of(sweep, 'layernorm')}: give "
+                                "a run directory outside it"}[where]
+    assert line == f"normlab-train: error: {expected}"
+    assert files_of(corpus) == before and not (run_of(sweep, "layernorm") / "checkpoints" / "sub").exists()

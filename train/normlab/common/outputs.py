@@ -40,6 +40,7 @@ from pathlib import Path
 
 from normlab.common.atomic import fsync_directory, readable_as_umask, rename_new, replace_file, write_synced
 from normlab.common.errors import NormlabError
+from normlab.common.run_identity import run_files
 
 CORPUS_MARKER = "meta.json"  # with a token file: a prepared corpus (normlab-prepare)
 CORPUS_SPLITS = ("train.bin", "val.bin", "probe.bin")
@@ -56,10 +57,11 @@ def what_is(path: Path) -> str | None:
     else None."""
     if not path.is_dir():
         return None
-    if (path / "run_id").is_file() or (path / ".claim").is_file() or (
-        (path / "config.yaml").is_file()
-        and ((path / "overrides.yaml").is_file() or any((path / "checkpoints").glob("*.ckpt.json")))
-    ):
+    found = run_files(path)
+    # a run's files by the rule of run_identity.run_files, but a config.yaml or a table alone (a user's own folder
+    # may hold one such file)
+    if ((path / ".claim").is_file() or len(found) > 1 or set(found) & {"run_id", "checkpoints"}
+            or (found == ["config.yaml"] and (path / "overrides.yaml").is_file())):
         return "a run directory"
     if (path / CORPUS_MARKER).is_file() and any((path / split).is_file() for split in CORPUS_SPLITS):
         return "a prepared corpus"

@@ -5,6 +5,18 @@ name, the check that a resumed run is the same run and the report's groups all g
 from pathlib import Path
 
 RUN_ID_FILE = "run_id"  # in a run directory: its wandb run id (train/normlab/training/rundir/directory.py writes it)
+# What a run writes into its directory: a folder that holds any of them holds a run (run_files)
+RUN_FILES = (RUN_ID_FILE, "config.yaml", "metrics.csv", "angles.csv", "checkpoints")
+
+
+def run_files(folder: Path) -> list[str]:
+    """The files of a run that `folder` holds (RUN_FILES; checkpoints/ when it holds a checkpoint or its digest):
+    the one rule by which a folder is known to hold a run, for normlab-train (which resumes, branches into or
+    refuses such a folder, never starts over in it) and for every command's out= (common/outputs.py)."""
+    found = [name for name in RUN_FILES[:-1] if (folder / name).is_file()]
+    if (folder / "checkpoints").is_dir() and any((folder / "checkpoints").glob("*.ckpt*")):
+        found.append("checkpoints")
+    return found
 
 # Settings (and everything below them) that only name, place, log or speed up a run, or say where it runs: they
 # change neither what it computes (beyond float rounding) nor what it records, so they stay out of its name and may

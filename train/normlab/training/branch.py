@@ -20,6 +20,7 @@ sweeps need nothing more.
 
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,10 +29,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError
 from normlab.common.moved import current_config
+from normlab.common.run_identity import RUN_FILES, run_files, run_id
 from normlab.model import norms
 from normlab.model.conversion import ConvertError, centred_weights, check_convertible
-from normlab.training.rundir.checkpoints import intact_checkpoint_of, read_checkpoint, recorded_step
+from normlab.training.rundir.checkpoints import LAST, PREVIOUS, read_verified, recorded_step
 from normlab.training.rundir.config import CONFIG_FILE, flat
+from normlab.training.rundir.files import RunDirError
 
 # What a branch must share with its source (beyond them it may differ in its norm, its optimizer's settings, its
 # checkpoint schedule, probes and names): the model, the data and their order, the batch and the schedule
@@ -39,10 +42,26 @@ SHARED = ("model.", "data.", "seed", "global_batch_size", "trainer.max_steps", "
 NOT_SHARED = ("data.dir", "data.num_workers", "data.verify_checksums")  # where the data lies, how fast it is read
 
 
-def check_branch(cfg: DictConfig) -> Path | None:
+@dataclass
+class Source:
+    """A branch's source: its run directory (absolute), its run id, and its checkpoint of the branch's step as it
+    was read, once, and verified (rundir.checkpoints.read_verified)."""
+
+    folder: Path
+    run_id: str | None
+    path: Path
+    checkpoint: dict
+
+    @property
+    def config(self) -> dict:
+        """The source's config as its checkpoint holds it: what the branch starts from, whatever config.yaml says."""
+        return current_config(OmegaConf.to_container(OmegaConf.create(self.checkpoint["hyper_parameters"]["config"])))
+
+
+def check_branch(cfg: DictConfig) -> Source | None:
     """branch.source and branch.step given together, the step a whole number from 1 to below trainer.max_steps, the
     source a run directory with an intact checkpoint of that step and the settings a branch shares with it; that
-    checkpoint, verified (None: not a branch). Before anything is written."""
+    checkpoint, read once and verified (None: not a branch). Before anything is written."""
     branch = cfg.get("branch") or {}
     source, step = branch.get("source"), branch.get("step")
     if source is None and step is None:
@@ -56,34 +75,62 @@ def check_branch(cfg: DictConfig) -> Path | None:
     if not isinstance(step, int) or isinstance(step, bool) or not 0 < step < cfg.trainer.max_steps:
         raise ConfigError(f"branch.step={step}: give a step of the source's checkpoints from 1 to below "
                           f"trainer.max_steps={cfg.trainer.max_steps}")
-    folder = Path(str(source))
-    if not (folder / CONFIG_FILE).is_file():
-        raise ConfigError(f"branch.source={source} is not a run directory (it has no {CONFIG_FILE}): give the "
-                          "directory of the run to branch from")
-    path = source_checkpoint(folder, step)
-    check_shared(cfg, current_config(OmegaConf.to_container(OmegaConf.load(folder / CONFIG_FILE))), folder)
-    return path
+    folder = Path(str(source)).resolve()
+    if not run_files(folder):
+        raise ConfigError(f"branch.source={source} is not a run directory (it holds none of {', '.join(RUN_FILES)}): "
+                          "give the directory of the run to branch from")
+    path, checkpoint = source_checkpoint(folder, step)
+    found = Source(folder, run_id(str(folder)), path, checkpoint)
+    check_shared(cfg, found)
+    return found
 
 
-def source_checkpoint(folder: Path, step: int) -> Path:
-    """The source's intact checkpoint of `step`, else one line naming the steps it has."""
-    path = intact_checkpoint_of(folder, step)
-    if path is None:
-        steps = sorted({s for p in (folder / "checkpoints").glob("*.ckpt") if (s := recorded_step(p)) >= 0})
-        has = ", ".join(f"{s:,}" for s in steps) or "none"
-        raise ConfigError(f"branch.source={folder} has no intact checkpoint of step {step:,} (its steps: {has}): give "
-                          "one of its steps as branch.step")
-    return path
+def source_checkpoint(folder: Path, step: int) -> tuple[Path, dict]:
+    """The source's checkpoint of `step` (a scheduled one before last.ckpt and previous.ckpt), read once and verified:
+    else one line naming the damaged one and what is wrong with it, or the steps it has."""
+    checkpoints = folder / "checkpoints"
+    candidates = [p for p in [*sorted(checkpoints.glob("step-*.ckpt")), checkpoints / LAST, checkpoints / PREVIOUS]
+                  if p.is_file()]
+    damaged = []
+    for path in (p for p in candidates if recorded_step(p) == step):
+        try:
+            record, checkpoint = read_verified(path)
+        except RunDirError as e:
+            damaged.append(str(e))
+            continue
+        if record.step == step == checkpoint.get("global_step"):
+            return path, checkpoint
+        damaged.append(f"{path} holds step {checkpoint.get('global_step')}, its digest file says {record.step}")
+    recorded = {recorded_step(p) for p in candidates}
+    steps = ", ".join(f"{s:,}" for s in sorted(s for s in recorded if s >= 0 and s != step))
+    if damaged:
+        raise ConfigError(f"branch.source={folder}: its checkpoint of step {step:,} cannot be read: {damaged[0]}; "
+                          f"restore it, or give another of its steps as branch.step ({steps or 'it has none'})")
+    raise ConfigError(f"branch.source={folder} has no checkpoint of step {step:,} (its steps: {steps or 'none'}): "
+                      "give one of its steps as branch.step")
 
 
-def check_shared(cfg: DictConfig, source: dict, folder: Path) -> None:
-    """The settings a branch shares with its source (SHARED) are equal, else one line naming the first that is not."""
-    mine, theirs = flat(OmegaConf.to_container(cfg, resolve=True)), flat(source)
+def check_shared(cfg: DictConfig, source: Source) -> None:
+    """The settings a branch shares with its source (SHARED) equal those of the source's checkpoint, else one line
+    naming the first that is not, where it comes from, and config.yaml's value where that file says otherwise."""
+    mine, theirs = flat(OmegaConf.to_container(cfg, resolve=True)), flat(source.config)
     for key in sorted(mine.keys() | theirs.keys(), key=lambda k: (k.count("."), k)):  # seed before data.seed
         if key.startswith(SHARED) and not key.startswith(NOT_SHARED) and mine.get(key) != theirs.get(key):
-            raise ConfigError(f"{key}={json.dumps(mine.get(key))}, where branch.source={folder} has "
-                              f"{json.dumps(theirs.get(key))}: a branch continues its source, so only its norm (and "
-                              "its optimizer's settings) may differ: give the source's")
+            written = saved_setting(source.folder, key)
+            aside = (f" (its config.yaml says {json.dumps(written[1])}: the checkpoint is what a branch starts from)"
+                     if written and written[1] != theirs.get(key) else "")
+            raise ConfigError(f"{key}={json.dumps(mine.get(key))}, where branch.source={source.folder}'s checkpoint "
+                              f"{source.path.name} has {json.dumps(theirs.get(key))}{aside}: a branch continues its "
+                              "source, so only its norm (and its optimizer's settings) may differ: give the source's")
+
+
+def saved_setting(folder: Path, key: str) -> tuple[bool, object] | None:
+    """(True, value) of a dotted key in the run's config.yaml; None where the file cannot be read or has no such key."""
+    try:
+        written = flat(current_config(OmegaConf.to_container(OmegaConf.load(folder / CONFIG_FILE), resolve=True)))
+    except Exception:  # noqa: BLE001 (missing, not YAML: the checkpoint's config is what counts)
+        return None
+    return (True, written[key]) if key in written else None
 
 
 def same_norm(cfg: DictConfig, source: dict) -> bool:
@@ -106,6 +153,10 @@ def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder:
         raise ConfigError(f"{e}; a branch of another norm than its source's needs a LayerNorm source") from None
     traits = norms.traits(mine)
     if not (traits.centring_pair and not traits.centres) or not isinstance(mine, norms.RMSNorm):
+        if zero_mean:
+            raise ConfigError(f"branch.zero_mean_writers=true with norm={cfg.norm.name}: the control arm is an RMSNorm "
+                              "model whose writers are centred (norm=rmsnorm_bias, or rmsnorm for a LayerNorm without "
+                              "bias)")
         raise ConfigError(f"norm={cfg.norm.name}: a branch keeps its source's norm or converts its LayerNorms "
                           "exactly into RMSNorms (norm=rmsnorm_bias, or rmsnorm for a LayerNorm without bias)")
     if traits.bias != (layernorm.bias is not None) or mine.eps != layernorm.eps:
@@ -129,23 +180,23 @@ def fresh_optimizer_at(module, step: int) -> tuple[dict, dict]:
     return optimizer.state_dict(), scheduler.state_dict()
 
 
-def start_checkpoint(cfg: DictConfig, module, path: Path) -> dict:
-    """The branch's first checkpoint, of step branch.step: the source's checkpoint of that step (`path`, as
-    check_branch verified it: its loops' progress, data position, step and epoch, random generators where it holds
-    them) with the branch's weights, config and a fresh optimizer at that step. `module`: the branch's
-    LightningModule."""
-    folder, step = path.parent.parent, cfg.branch.step
-    checkpoint = read_checkpoint(path)
-    source = current_config(OmegaConf.to_container(OmegaConf.create(checkpoint["hyper_parameters"]["config"])))
+def start_checkpoint(cfg: DictConfig, module, source: Source) -> dict:
+    """The branch's first checkpoint, of step branch.step: the source's checkpoint of that step (as check_branch read
+    and verified it: its loops' progress, data position, step and epoch, random generators where it holds them) with
+    the branch's weights, config and a fresh optimizer at that step, and where it came from (the source's absolute
+    directory and run id). `module`: the branch's LightningModule. Built before the run directory is written to."""
+    step, checkpoint = cfg.branch.step, source.checkpoint
+    what = f"branch.source={source.folder}"
     if cfg.model.dropout and "rng_states" not in checkpoint:
-        raise ConfigError(f"branch.source={folder}: its checkpoint of step {step:,} holds the weights only, without "
-                          "the random generators that dropout draws from: branch a run trained with "
-                          "checkpoints.scheduled=full, or without dropout")
+        raise ConfigError(f"{what}: its checkpoint of step {step:,} holds the weights only, without the random "
+                          "generators that dropout draws from: branch a run trained with checkpoints.scheduled=full, "
+                          "or without dropout")
     weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
-    module.model.load_state_dict(branch_weights(cfg, module, source, weights, folder))
+    module.model.load_state_dict(branch_weights(cfg, module, source.config, weights, source.folder))
     optimizer, scheduler = fresh_optimizer_at(module, step)
     kept = {k: checkpoint[k] for k in ("epoch", "global_step", "pytorch-lightning_version", "loops", "rng_states")
             if k in checkpoint}
     return {**kept, "state_dict": module.state_dict(), "optimizer_states": [optimizer], "lr_schedulers": [scheduler],
             "hparams_name": checkpoint.get("hparams_name"), "hyper_parameters": dict(module.hparams),
-            "branched_from": {"source": str(folder.resolve()), "step": step}}
+            "branched_from": {"source": str(source.folder), "run_id": source.run_id, "step": step,
+                              "checkpoint": source.path.name}}

@@ -9,11 +9,13 @@ import math
 import os
 import types
 import typing
+from pathlib import Path
 
 from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.errors import ConfigError
+from normlab.common.outputs import enclosing, what_is
 from normlab.common.paths import CONF_DIR
 
 SPECIAL_KEYS = {"_target_", "_partial_", "_convert_", "_recursive_", "_args_"}
@@ -308,10 +310,21 @@ def check_slurm_tasks(devices) -> None:
                           "equal to the devices per node (one task per GPU)")
 
 
+def check_run_dir_place(run_dir: Path) -> None:
+    """A run directory is neither a prepared corpus nor inside one, nor inside another run's directory (whose
+    files a run would mix with its own; common/outputs.py tells what a folder is)."""
+    if what_is(run_dir) == "a prepared corpus":
+        raise ConfigError(f"run_dir={run_dir} is a prepared corpus: give a run directory of its own, e.g. "
+                          "run_dir=checkpoints/myrun")
+    if found := enclosing(run_dir):
+        raise ConfigError(f"run_dir={run_dir} lies inside {found[1]}, {found[0]}: give a run directory outside it")
+
+
 def check_train_config(cfg: DictConfig) -> None:
     check_norm_config(cfg.norm)  # first: the run's name interpolates norm.name
     if not str(cfg.run_dir).strip():
         raise ConfigError("run_dir is empty: give the run's directory, e.g. run_dir=checkpoints/myrun")
+    check_run_dir_place(Path(str(cfg.run_dir)))
     check_checkpoints(cfg)  # first: the angles callback interpolates them
     if not is_int(cfg.seed) or not 0 <= cfg.seed < 2**32:
         raise ConfigError(f"seed={cfg.seed}: give a whole number from 0 to 2**32 - 1")

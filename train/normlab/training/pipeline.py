@@ -140,6 +140,8 @@ def train(cfg: DictConfig, extra_callbacks=()):
         if received:  # a stop signal before this run (of a sweep) started
             raise Interrupted("stopped by a signal before this run started", received[0])
         check_train_config(cfg)
+        if (cfg.get("branch") or {}).get("source") is not None:  # recorded absolute: a report from anywhere finds it
+            cfg.branch.source = str(Path(str(cfg.branch.source)).resolve())
         import lightning as L
 
         from normlab.training import runtime
@@ -158,10 +160,13 @@ def train(cfg: DictConfig, extra_callbacks=()):
         devices = cfg.trainer.devices if isinstance(cfg.trainer.devices, int) else 1
         datamodule.check_global_batch(cfg.data.batch_size * devices * cfg.trainer.num_nodes * accumulate)
         run = build_run_directory(cfg)
-        # a branch's source checkpoint, verified, where the branch starts; None for any other run, and for a branch
-        # that resumes from its own checkpoints (its source may since have moved)
-        source = check_branch(cfg) if cfg.restart or not run.holds_checkpoints() else None
-        start = partial(start_checkpoint, cfg, module, source) if source else None
+        # a branch's first checkpoint, from its source's read once and verified, before anything is written (by rank
+        # 0, which writes it; the other ranks resume from it); None for any other run, and for a branch that resumes
+        # from its own checkpoints (its source may since have moved)
+        branching = process_rank() == 0 and (cfg.restart or not run.holds_checkpoints())
+        source = check_branch(cfg) if branching else None
+        start = start_checkpoint(cfg, module, source) if source else None
+        del source  # the source's checkpoint, in memory: only the start is kept
         callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values()]  # loads and checks the angle probe set
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):

@@ -5,6 +5,7 @@ stays out of this module: the commands that only read a checkpoint import it (Ru
 which writes through write_checkpoint, is in directory.py)."""
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,15 +120,38 @@ def write_checkpoint(checkpoint: dict, path: Path) -> Record:
     return record
 
 
-def verify(path: Path) -> Record:
-    """The record of an intact checkpoint; raises RunDirError saying what is wrong with a damaged one."""
+def read_record(path: Path) -> Record:
+    """What the digest file of the checkpoint `path` says of it; RunDirError where it cannot be read."""
     try:
-        record = Record(**json.loads(digest_path(path).read_text()))
+        return Record(**json.loads(digest_path(path).read_text()))
     except FileNotFoundError:
         raise RunDirError(f"{path} has no digest file {digest_path(path).name} (a save cut short, or a checkpoint "
                           "not written by normlab)") from None
     except (ValueError, TypeError):
         raise RunDirError(f"{path}: its digest file {digest_path(path).name} is damaged") from None
+
+
+def read_verified(path: Path) -> tuple[Record, dict]:
+    """A checkpoint read once, into memory, verified on the bytes read and loaded from them: a file replaced while
+    it is read (a run still training replaces its last.ckpt) is never taken for the one its digest file describes.
+    RunDirError says what is wrong."""
+    record = read_record(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise RunDirError(f"cannot read {path} ({e.strerror})") from None
+    if len(data) != record.bytes:
+        raise RunDirError(f"{path} holds {len(data):,} bytes, its digest file says {record.bytes:,} (truncated, or "
+                          "replaced while it was read)")
+    if hashlib.sha256(data).hexdigest() != record.sha256:
+        raise RunDirError(f"{path} does not match the sha256 in its digest file (its bytes were corrupted, or it was "
+                          "replaced while it was read)")
+    return record, torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def verify(path: Path) -> Record:
+    """The record of an intact checkpoint; raises RunDirError saying what is wrong with a damaged one."""
+    record = read_record(path)
     try:
         size = path.stat().st_size
         if size != record.bytes:

@@ -8,10 +8,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common.moved import current_config
-from normlab.common.run_identity import identifies_the_run
+from normlab.common.run_identity import identifies_the_run, run_files
 from normlab.training.rundir.files import RunDirError
 
 CONFIG_FILE = "config.yaml"
+TABLES = ("metrics.csv", "angles.csv")
 
 
 def flat(config, prefix: str = "") -> dict:
@@ -37,9 +38,33 @@ def effective(settings: dict) -> dict:
             if not (k.startswith("norm.sites.") and settings.get(f"norm.layer.{k.rsplit('.', 1)[1]}") == v)}
 
 
-def check_saved_config(run: Path, cfg: DictConfig) -> None:
-    """Refuse the run directory `run`, which holds checkpoints, when its config.yaml is missing, damaged, or another
-    config than `cfg` (what only names, places, logs or speeds up a run may differ: run_identity.NOT_IDENTITY)."""
+def has_rows(table: Path) -> bool:
+    """Whether a CSV table holds a row below its header."""
+    try:
+        with open(table, "rb") as f:
+            return sum(1 for line in f if line.strip()) > 1
+    except OSError:
+        return False
+
+
+def check_no_run_lost(run: Path, cfg: DictConfig) -> None:
+    """The run directory `run` holds no checkpoint to resume from: a run starts in it only where nothing of an
+    earlier run would be lost. Where it holds a run's files (run_identity.run_files) its config.yaml must be the
+    run's (a start that never saved a checkpoint, run again), and metrics.csv and angles.csv must hold no row (a run
+    whose checkpoints were deleted: its tables would be replaced)."""
+    found = run_files(run)
+    if CONFIG_FILE in found:
+        check_saved_config(run, cfg, held="a run")
+    if rows := [name for name in TABLES if has_rows(run / name)]:
+        raise RunDirError(f"{run} holds a run whose checkpoints are gone ({', '.join(found)}; rows in "
+                          f"{' and '.join(rows)}), which a start here would replace: give another run_dir, or "
+                          "restart=true to move that run aside and start over")
+
+
+def check_saved_config(run: Path, cfg: DictConfig, held: str = "checkpoints") -> None:
+    """Refuse the run directory `run`, which holds checkpoints (or, `held`, another run's files), when its
+    config.yaml is missing, damaged, or another config than `cfg` (what only names, places, logs or speeds up a run
+    may differ: run_identity.NOT_IDENTITY)."""
     saved = run / CONFIG_FILE
     if not saved.is_file():
         raise RunDirError(
@@ -60,6 +85,9 @@ def check_saved_config(run: Path, cfg: DictConfig) -> None:
         ]
         per_step = config.get("data.batch_size", 0) * devices[0] * devices[1]
         config["sequences per optimizer step"] = config.get("global_batch_size") or per_step
+    for config in (old, new):  # a branch's source, recorded relative by earlier versions, absolute now
+        if isinstance(config.get("branch.source"), str):
+            config["branch.source"] = str(Path(config["branch.source"]).resolve())
     # a run directory that was moved keeps its identity: paths inside it follow it
     old = {k: v.replace(old.get("run_dir", "\0"), new["run_dir"]) if isinstance(v, str) else v for k, v in old.items()}
     old, new = effective(old), effective(new)
@@ -73,6 +101,6 @@ def check_saved_config(run: Path, cfg: DictConfig) -> None:
             " ..." if len(changed) > 3 else ""
         )
         raise RunDirError(
-            f"{run} holds checkpoints of another config ({shown}): give another run_dir, "
+            f"{run} holds {held} of another config ({shown}): give another run_dir, "
             "or restart=true to move that run aside and start over"
         )

@@ -22,7 +22,6 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import lightning as L
 import numpy as np
@@ -45,7 +44,7 @@ from normlab.training.rundir.checkpoints import (
     write_checkpoint,
 )
 from normlab.training.rundir.claim import CLAIM_FILE, Claim, this_process
-from normlab.training.rundir.config import CONFIG_FILE, check_saved_config
+from normlab.training.rundir.config import CONFIG_FILE, check_no_run_lost, check_saved_config
 from normlab.training.rundir.files import RunDirError, remove_partial_writes, warn, write_atomically
 from normlab.training.rundir.tables import RunTables
 
@@ -143,7 +142,7 @@ class RunDirectory(Checkpoint):
     # -- start and end
 
     @contextmanager
-    def opened(self, cfg: DictConfig, overrides: list[str], start: Callable[[], dict] | None = None):
+    def opened(self, cfg: DictConfig, overrides: list[str], start: dict | None = None):
         """Claim the directory and prepare it for the run (rank 0), or wait for rank 0 to have done so (other
         ranks); set resume_path and resume_step. `start`: the first checkpoint of a run that starts at a step of
         another (a branch: training/branch.py), written where the directory holds none. Release the claim at the
@@ -166,17 +165,25 @@ class RunDirectory(Checkpoint):
             if not existed and self.path.is_dir() and not any(self.path.iterdir()):
                 self.path.rmdir()
 
-    def prepare(self, cfg: DictConfig, overrides: list[str], start: Callable[[], dict] | None = None) -> None:
+    def prepare(self, cfg: DictConfig, overrides: list[str], start: dict | None = None) -> None:
         if cfg.restart:
             self.move_aside()
         elif self.holds_checkpoints():
             check_saved_config(self.path, cfg)
+        else:
+            check_no_run_lost(self.path, cfg)
         remove_partial_writes(self.dir)
         remove_partial_writes(self.path)
         self.resume_path, self.resume_step, damaged = resume_choice(self.path)
+        # what the run is, before any checkpoint of it: a start cut short (a full disk) is then started again
+        if not (self.path / RUN_ID_FILE).is_file():
+            write_atomically(self.path / RUN_ID_FILE, (os.urandom(8).hex() + "\n").encode())
+        config = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        write_atomically(self.path / CONFIG_FILE, OmegaConf.to_yaml(config, resolve=True).encode())
+        write_atomically(self.path / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)).encode())
         since = self.first_step
         if self.resume_path is None and start is not None:
-            checkpoint = start()
+            checkpoint = start
             for path in (self.schedule.path(since), self.dir / LAST):
                 write_checkpoint(checkpoint, path)
             print(f"branched {self.path} from {checkpoint['branched_from']['source']} at step {since}",
@@ -196,24 +203,22 @@ class RunDirectory(Checkpoint):
         if since and self.resume_step == since and self.schedule.validates_after(since):
             self.lost_validations[since] = self.schedule.path(since)  # a branch's first row: its start validated
         self.tables.keep_angles_until(self.resume_step)
-        if not (self.path / RUN_ID_FILE).is_file():
-            write_atomically(self.path / RUN_ID_FILE, (os.urandom(8).hex() + "\n").encode())
-        config = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-        write_atomically(self.path / CONFIG_FILE, OmegaConf.to_yaml(config, resolve=True).encode())
-        write_atomically(self.path / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(overrides)).encode())
         chosen = str(self.resume_path.relative_to(self.path)) if self.resume_path else None
         self.claim.update({**this_process(), "resume": {"path": chosen, "step": self.resume_step}})
 
     def move_aside(self) -> None:
         """restart=true: move what the directory holds to <run_dir>.replaced-<time> (nothing is deleted); the new
         run gets a new wandb id."""
-        entries = [p for p in self.path.iterdir() if p.name != CLAIM_FILE]
+        entries = sorted(p for p in self.path.iterdir() if p.name != CLAIM_FILE)
         if entries:
             aside = self.path.with_name(f"{self.path.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
             aside.mkdir()
+            checkpoints = len(list(self.dir.glob("*.ckpt")))
+            moved = [f"{p.name}/ ({checkpoints} checkpoints)" if p == self.dir else p.name + "/" * p.is_dir()
+                     for p in entries]
             for entry in entries:
                 entry.rename(aside / entry.name)
-            print(f"restart=true: moved the earlier run to {aside}", file=sys.stderr)
+            print(f"restart=true: moved the earlier run ({', '.join(moved)}) to {aside}", file=sys.stderr)
 
     # -- saving
 
