@@ -371,3 +371,32 @@ def test_the_norm_keys_of_older_configs_are_ignored_for_what_the_class_says(tmp_
         ("rmsnorm − layernorm (the bias differs too)", [pytest.approx(0.1)]),
         ("dyt − layernorm (a point-wise layer in place of layernorm)", [pytest.approx(0.2)])]
     assert [r.name for (g,) in (old, new) for r in g.runs if r.left_out] == []
+
+
+def test_a_folder_of_links_to_chosen_runs_is_reported_each_run_once(tmp_path):
+    """runs=DIR where DIR holds symbolic links to the runs chosen (and a link that loops back to DIR): every run is
+    found once, as through its real directory."""
+    for norm in ("layernorm", "rmsnorm"):
+        for seed in (0, 1):
+            make_run(tmp_path / "all", f"{norm}-seed{seed}", norm, seed=seed, loss=3.0 + 0.01 * seed)
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    for name in ("layernorm-seed0", "rmsnorm-seed0", "layernorm-seed1", "rmsnorm-seed1"):
+        (chosen / name).symlink_to(tmp_path / "all" / name)
+    (chosen / "loop").symlink_to(chosen)
+    runs, _ = find_runs([chosen])
+    assert sorted(r.dir.resolve() for r in runs) == sorted(p.resolve() for p in (tmp_path / "all").iterdir())
+    report(f"runs={chosen}", f"out={tmp_path / 'out'}")
+    assert "rmsnorm − layernorm" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_a_comparison_named_twice_in_pairs_is_refused(tmp_path):
+    make_run(tmp_path / "sweep", "layernorm-seed0", "layernorm")
+    make_run(tmp_path / "sweep", "rmsnorm-seed0", "rmsnorm")
+    with pytest.raises(AnalysisError) as refused:
+        report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}",
+               "pairs=[[layernorm,rmsnorm],[rmsnorm,layernorm]]")
+    assert str(refused.value) == ("pairs names the comparison of rmsnorm and layernorm twice ([layernorm,rmsnorm] and "
+                                  "[rmsnorm,layernorm]): give each pair once (b − a and a − b are one comparison, its "
+                                  "sign turned)")
+    assert not (tmp_path / "out").exists()

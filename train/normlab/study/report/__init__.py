@@ -125,6 +125,12 @@ def declared(cfg: DictConfig) -> Declared:
             isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p) and p[0] != p[1]
             for p in pairs):
         raise AnalysisError(f"pairs={pairs}: give [[a,b],...], each two norms' names, compared as b − a")
+    seen = {}
+    for a, b in pairs:  # one comparison named twice would count twice in the Holm family
+        if (twin := seen.get(frozenset((a, b)))) is not None:
+            raise AnalysisError(f"pairs names the comparison of {a} and {b} twice ({twin} and [{a},{b}]): give each "
+                                "pair once (b − a and a − b are one comparison, its sign turned)")
+        seen[frozenset((a, b))] = f"[{a},{b}]"
     tuned = OmegaConf.to_container(cfg.tuned) if OmegaConf.is_list(cfg.get("tuned")) else cfg.get("tuned") or []
     if not isinstance(tuned, list) or not all(isinstance(k, str) and k for k in tuned):
         raise AnalysisError(f"tuned={tuned}: give [key,...], the dotted config keys tuned per norm, e.g. "

@@ -355,18 +355,35 @@ def load_run(run_dir: Path, name: str, role: str = "") -> Run:
     return run
 
 
+def files_named(root: Path, name: str) -> list[Path]:
+    """The files called `name` at or under `root`, through symbolic links to folders (a folder of links to chosen
+    runs is a way to work), each folder visited once (a link that loops back is not followed again)."""
+    found, visited = [], set()
+    for folder, subfolders, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in visited:
+            subfolders[:] = []
+            continue
+        visited.add(real)
+        subfolders.sort()
+        if name in files:
+            found.append(Path(folder) / name)
+    return found
+
+
 def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
-    """The runs (metrics.csv + config.yaml) at or under `paths`, and the `.replaced-*` folders skipped there."""
+    """The runs (metrics.csv + config.yaml) at or under `paths` (symbolic links followed), and the `.replaced-*`
+    folders skipped there."""
     dirs, replaced = set(), set()
     for root in paths:
-        for metrics in root.rglob("metrics.csv"):
+        for metrics in files_named(root, "metrics.csv"):
             parts = metrics.parent.relative_to(root).parts
             aside = [i for i, part in enumerate(parts) if ".replaced-" in part]
             if aside:
                 replaced.add(root.joinpath(*parts[: aside[0] + 1]))
             elif (metrics.parent / "config.yaml").is_file():
                 dirs.add(metrics.parent)
-    dirs = sorted(dirs)
+    dirs = sorted({d.resolve(): d for d in sorted(dirs, reverse=True)}.values())  # a run reached twice: once
     common = Path(os.path.commonpath([d.resolve() for d in dirs])) if len(dirs) > 1 else None
     runs = [load_run(d, str(d.resolve().relative_to(common)) if common else d.resolve().name) for d in dirs]
     return runs, sorted(replaced)
@@ -384,7 +401,8 @@ def continuing_sources(branches: list[Run]) -> list[Run]:
         if (source / "metrics.csv").is_file() and (source / "config.yaml").is_file():
             found[str(source.resolve())] = load_run(source, f"{source.name} (source)", CONTINUING)
         else:
-            run.note = f"its source {source} is not there (no metrics.csv): not compared with its source continuing"
+            run.note = (f"its source {source} is not there (no metrics.csv{'' if source.is_absolute() else ' at '}"
+                        f"{'' if source.is_absolute() else source.resolve()}): not compared with its source continuing")
     return list(found.values())
 
 
@@ -394,7 +412,7 @@ def untrained_runs(paths: list[Path]) -> list[tuple[Path, str]]:
     with what it is; none in `.replaced-*` folders."""
     found = []
     for root in paths:
-        for config in sorted(root.rglob("config.yaml")):
+        for config in sorted(files_named(root, "config.yaml")):
             run = config.parent
             if (".replaced-" in str(run.relative_to(root)) or (run / "metrics.csv").exists()
                     or not any((run / "checkpoints").glob("*.ckpt"))):
