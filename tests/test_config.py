@@ -204,7 +204,7 @@ class UnannotatedNorm(torch.nn.Module):
         super().__init__()
 
 
-USERS_NORM = ["norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.eps", "~norm.layer.bias"]
+USERS_NORM = ["norm.name=unannotated", "norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.eps", "~norm.layer.bias"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -223,7 +223,7 @@ USERS_NORM = ["norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.ep
     (["norm.layer.bias=maybe"], "norm.layer.bias=maybe: give true or false"),
     (["norm=rmsnorm", "norm.layer.bias=1"], "norm.layer.bias=1: give true or false"),
     (["norm.layer.eps=null"], "norm.layer.eps=null: give a number"),
-    (["norm.layer._target_=torch.nn.LayerNorm", "+norm.layer.elementwise_affine=maybe"],
+    (["norm.name=torch_layernorm", "norm.layer._target_=torch.nn.LayerNorm", "+norm.layer.elementwise_affine=maybe"],
      "norm.layer.elementwise_affine=maybe: give true or false"),
     ([*USERS_NORM, "+norm.layer.scale=abc"], "norm.layer.scale=abc: give a number"),
     ([*USERS_NORM, "+norm.layer.scale=null"], "norm.layer.scale=null: give a number"),

@@ -53,8 +53,9 @@ def check_command_line(config_name: str, args: list[str]) -> None:
         group = CONF_DIR / override.key_or_group
         if override.is_delete() or not group.is_dir() or override.key_or_group.startswith("hydra/"):  # Hydra's own
             continue
-        choices = (
-            override.sweep_string_iterator() if override.is_sweep_override() else [override.get_value_element_as_str()]
+        choices = (  # a list: the checks below read it twice
+            list(override.sweep_string_iterator()) if override.is_sweep_override()
+            else [override.get_value_element_as_str()]
         )
         valid = sorted({p.stem for folder in folders for p in (folder / override.key_or_group).glob("*.yaml")})
         shadowed = [folder / override.key_or_group / f"{choice}.yaml" for choice in choices for folder in folders[1:]
