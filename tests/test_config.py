@@ -204,7 +204,8 @@ class UnannotatedNorm(torch.nn.Module):
         super().__init__()
 
 
-USERS_NORM = ["norm.name=unannotated", "norm.layer._target_=test_config.UnannotatedNorm", "~norm.layer.eps", "~norm.layer.bias"]
+USERS_NORM = ["norm.name=unannotated", "norm.layer._target_=test_config.UnannotatedNorm",
+              "~norm.layer.eps", "~norm.layer.bias"]
 
 
 @pytest.mark.parametrize("overrides, message", [
