@@ -6,6 +6,7 @@ import re
 import shutil
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -332,7 +333,8 @@ def test_non_finite_loss_stops_the_run_with_a_diagnostic_checkpoint(prepared, tm
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt"))
     assert ckpts == ["nonfinite-step-0000001.ckpt", "step-0000000.ckpt"]
     diagnostic = torch.load(tmp_path / "checkpoints" / "nonfinite-step-0000001.ckpt", weights_only=False)
-    assert diagnostic["global_step"] == 1
+    assert diagnostic["global_step"] == 2  # found before the validation after step 2: step 2 was skipped too
+    assert diagnostic["callbacks"]["NonFiniteGuard"] == {"first_nonfinite_step": 1}
     assert all(torch.isfinite(v).all() for v in diagnostic["state_dict"].values())  # the state before the bad update
 
 
@@ -350,6 +352,52 @@ def test_non_finite_gradient_with_a_finite_loss_stops_the_run(prepared, tmp_path
         "nonfinite-step-0000000.ckpt",
         "step-0000000.ckpt",
     ]
+
+
+class WeightsAt(L.Callback):
+    """The model's weights when optimizer step `step` begins (after every earlier update), and each step's loss."""
+
+    def __init__(self, step: int):
+        self.step, self.weights, self.losses = step, None, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            self.weights = {k: v.clone() for k, v in pl_module.state_dict().items()}
+
+
+@pytest.mark.parametrize("check_every", [1, 5])
+def test_a_gradient_planted_non_finite_at_step_k_stops_the_run_at_k_with_the_weights_before_k(prepared, tmp_path,
+                                                                                            check_every):
+    """The guard reads its verdict every check_every steps: meanwhile the fused AdamW skips every step from the bad one
+    on, so that the diagnostic checkpoint holds exactly the weights and optimizer state that step k began with."""
+    overrides = [*FAST_TRAIN, "trainer.max_steps=12", "trainer.val_check_interval=12", "checkpoints.every=12",
+                 "checkpoints.dense_until=12", "checkpoints.sparse_every=12"]
+    k, states = 3, {}
+    for planted in (False, True):
+        run_dir = tmp_path / f"planted-{planted}"
+        cfg = compose_config(overrides=[*overrides, f"run_dir={run_dir}",
+                                        f"callbacks.nonfinite_guard.check_every={check_every}"])
+        module, datamodule, run = build_module(cfg), build(cfg.data), build_run_directory(cfg)
+        if planted:
+            module.model.lm_head.weight.register_hook(
+                lambda grad, m=module: grad.index_fill(0, torch.tensor([7]), float("nan"))
+                if m.trainer.global_step == k else grad)
+        states[planted] = WeightsAt(k)
+        trainer = build_trainer(cfg, [build(cfg.callbacks.nonfinite_guard), states[planted]], accumulate=1, run=run)
+        with run.opened(cfg, []):
+            if not planted:
+                trainer.fit(module, datamodule=datamodule)
+                continue
+            found = 5 if check_every == 5 else k + 1
+            late = f"; found at step {found}, the steps between skipped" if found > k + 1 else ""
+            message = rf"^non-finite gradient at optimizer step {k} \(loss \d.*{re.escape(late)}\); diagnostic "
+            with pytest.raises(NonFiniteError, match=message + "checkpoint .*step-0000000.ckpt"):
+                trainer.fit(module, datamodule=datamodule)
+            assert trainer.global_step == found
+        diagnostic = torch.load(run_dir / "checkpoints" / f"nonfinite-step-{k:07d}.ckpt", weights_only=False)
+    for name, clean in states[False].weights.items():
+        assert torch.equal(diagnostic["state_dict"][name], clean), name
+    assert all(s["step"] == k for s in diagnostic["optimizer_states"][0]["state"].values())  # k steps, none since
 
 
 def test_a_truncated_last_checkpoint_is_skipped_for_the_previous_one(sweep, tmp_path):

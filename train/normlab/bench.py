@@ -7,6 +7,7 @@ written to a file. The sections:
     prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size; OpenWebText's archives:
                    their reading rate, and a prepare of them (tokens/s, memory, disk)
     angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
+    profile        a torch.profiler trace of the step section's step, and where its time goes (cluster/profile.py)
     preflight      on a GPU node: each paper preset trains a few steps on one GPU, PASS or FAIL against
                    the resource plan (memory, MFU); only when named (normlab/cluster/preflight.py)
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from normlab.common.paths import CONF_DIR
 
-SECTIONS = ["framework", "norms", "step", "prepare", "angles"]
+SECTIONS = ["framework", "norms", "step", "prepare", "angles", "profile"]
 CHECKS = ["preflight"]  # pass/fail checks: run only when named
 
 
@@ -103,19 +104,6 @@ def bench_norms(device, rows: int, repeats: int, names: list[str], at_most: dict
     return results
 
 
-def plain_step(module, optimizer, batch, clip: float, device_type: str = "cpu") -> None:
-    """One optimizer step in plain PyTorch: forward (in bf16 autocast on a GPU), backward, clipping, update."""
-    import torch
-
-    with torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda"):
-        loss = module.loss(batch)
-    loss.backward()
-    # the optimizer's parameter order, as Lightning clips: the same norm to the last bit
-    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
 SEARCHPATH: list[str] = []  # the config folders that normlab-bench's own command line added (a user's norms)
 
 
@@ -128,35 +116,40 @@ def compose(overrides: list[str]):
         return hydra_compose("train", [*searchpath, *overrides])
 
 
+def step_shape(device, seq_len: int) -> tuple[list[str], int]:
+    """The model and micro-batch of the step and profile sections: on a GPU the paper's 410m, compiled whole, 8
+    sequences; on CPU 2 layers of the 70m width at a context of `seq_len`, 4 sequences."""
+    if device.type == "cuda":
+        return ["model=410m", "runtime.compile=model"], 8
+    return ["model=70m", "model.n_layer=2", f"model.block_size={seq_len}"], 4
+
+
+def training_step(cfg, device, batch: int):
+    """The module of `cfg` on `device`, and its plain optimizer step on one fixed batch of `batch` sequences."""
+    import torch
+
+    from normlab.training.module import plain_step
+    from normlab.training.pipeline import build_module
+
+    module = build_module(cfg).to(device)
+    optimizer = module.configure_optimizers()["optimizer"]
+    ids = torch.randint(0, cfg.model.vocab_size, (batch, cfg.model.block_size + 1), device=device,
+                        generator=torch.Generator(device).manual_seed(0))
+    return module, lambda: plain_step(module, optimizer, (ids[:, :-1], ids[:, 1:]), 1.0, device.type)
+
+
 def bench_step(device, repeats: int, names: list[str], at_most: dict, seq_len: int = 256) -> list[tuple[str, str]]:
     """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with each norm of `names` (the
-    first the reference), on the same batch: on a GPU the paper's 410m model in bf16 with compiled blocks, and its
+    first the reference), on the same batch: on a GPU the paper's 410m model in bf16, compiled whole, and its
     MFU; on CPU a 2-layer model of the 70m width at a context of `seq_len`."""
     import torch
 
-    from normlab.training.pipeline import build_module
     from normlab.training.runtime import peak_flops
 
-    if device.type == "cuda":
-        shape, batch = ["model=410m", "runtime.compile=true"], 8
-    else:
-        shape, batch = ["model=70m", "model.n_layer=2", f"model.block_size={seq_len}"], 4
+    shape, batch = step_shape(device, seq_len)
     steps, modules = {}, {}
     for norm in names:
-        cfg = compose([*shape, f"norm={norm}"])
-        module = modules[norm] = build_module(cfg).to(device)
-        optimizer = module.configure_optimizers()["optimizer"]
-        ids = torch.randint(
-            0,
-            cfg.model.vocab_size,
-            (batch, cfg.model.block_size + 1),
-            device=device,
-            generator=torch.Generator(device).manual_seed(0),
-        )
-
-        steps[norm] = lambda m=module, o=optimizer, ids=ids: plain_step(
-            m, o, (ids[:, :-1], ids[:, 1:]), 1.0, device.type
-        )
+        modules[norm], steps[norm] = training_step(compose([*shape, f"norm={norm}"]), device, batch)
     t = interleaved(steps, repeats, device)
     reference = names[0]
     tokens = batch * modules[reference].model.config.block_size
@@ -174,7 +167,7 @@ def bench_step(device, repeats: int, names: list[str], at_most: dict, seq_len: i
             mfu = tokens / t[norm] * modules[norm].model.flops_per_token() / peak
             rows.append(
                 (
-                    f"MFU, {name}, {norm}, bf16, compiled blocks, fused AdamW ({torch.cuda.get_device_name(device)})",
+                    f"MFU, {name}, {norm}, bf16, compiled, fused AdamW ({torch.cuda.get_device_name(device)})",
                     f"{100 * mfu:.1f}% (target >= 45%)",
                 )
             )
@@ -190,6 +183,7 @@ def bench_framework(steps: int) -> list[tuple[str, str]]:
     import lightning as L
     import torch
 
+    from normlab.training.module import plain_step
     from normlab.training.pipeline import build, build_module, train
 
     class PlainTwin(L.Callback):
@@ -444,10 +438,15 @@ def main() -> None:
         if unknown or not sections:
             raise ConfigError(f"{f'unknown section {unknown[0]!r}' if unknown else 'no section'} in sections: choose "
                               f"from {', '.join(SECTIONS + CHECKS)}, e.g. sections=[norms,step]")
-        for key in ("scale", "seq_len", "repeats", "rows", "steps"):
+        for key in ("scale", "seq_len", "repeats", "rows", "steps", "profile_steps"):
             positive_int(key, cfg[key])
         out = Path(str(cfg.out))  # a new file, or an earlier table of normlab-bench (its first line)
         outputs.check_file(out, "normlab-bench", written_by_bench, example="bench.md")
+        trace = out.with_name(f"{out.stem}-profile.json")  # the profile's Chrome trace, beside the table
+        if "profile" in sections:
+            from normlab.cluster.profile import written_by_profile
+
+            outputs.check_file(trace, "normlab-bench", written_by_profile)
         import torch
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig
@@ -480,6 +479,13 @@ def main() -> None:
             rows += bench_prepare(cfg.scale)
         if "angles" in sections:
             rows += bench_angles(cfg.model.name, cfg.seq_len, 4, 3 * cfg.repeats, cfg.null_directions)
+        if "profile" in sections:
+            from normlab.cluster.profile import profile_steps
+
+            shape, batch = step_shape(device, cfg.seq_len)
+            module, step = training_step(compose([*shape, f"norm={norms[0]}"]), device, batch)
+            what = f"{module.model.config.n_layer}-layer d={module.model.config.n_embd} {norms[0]}, {batch} sequences"
+            rows += profile_steps(step, cfg.profile_steps, device, trace, what)
         if "preflight" in sections:
             from normlab.cluster.preflight import preflight
 

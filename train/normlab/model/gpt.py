@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from normlab.common.errors import ConfigError
+from normlab.model.head_loss import head_loss
 
 NormFactory = Callable[[int], nn.Module]
 SITE_KINDS = ("attention", "mlp", "final")  # the norms before attention (ln_1), before the MLP (ln_2), before the head
@@ -117,12 +118,18 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.wte.weight
-        self.activation_checkpointing = False  # recompute each block in the backward pass to save memory
+        # How it computes, not what (runtime: in conf/train.yaml): recompute each block in the backward pass to save
+        # memory; the loss's chunk of tokens and the head's rows padded to a multiple of head_rows_multiple
+        self.activation_checkpointing, self.loss_chunk, self.head_rows_multiple = False, 8192, 1
 
-    def forward(self, idx: torch.Tensor, head: bool = True) -> torch.Tensor:
-        """Logits; with head=False the final norm's output (what the angle study needs), through the module's call, so
-        that the hooks of a sharded model gather its parameters."""
-        return self.lm_head(self.hidden(idx)) if head else self.hidden(idx)
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, head: bool = True) -> torch.Tensor:
+        """Logits; with `targets` the mean next-token loss (model/head_loss.py: never the whole float32 logits); with
+        head=False the final norm's output (what the angle study needs). Through the module's call, so that the hooks
+        of a sharded model gather its parameters."""
+        h = self.hidden(idx)
+        if targets is not None:
+            return head_loss(h, self.lm_head.weight, targets, self.loss_chunk, self.head_rows_multiple)
+        return self.lm_head(h) if head else h
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         """The final norm's output: everything but the LM head (all the angle study needs)."""

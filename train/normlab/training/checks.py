@@ -320,6 +320,14 @@ def check_run_dir_place(run_dir: Path) -> None:
         raise ConfigError(f"run_dir={run_dir} lies inside {found[1]}, {found[0]}: give a run directory outside it")
 
 
+def check_runtime(runtime: DictConfig) -> None:
+    if runtime.get("compile") not in (False, True, "blocks", "model"):
+        raise ConfigError(f"runtime.compile={runtime.compile}: give false, blocks (each transformer block), model (the "
+                          "whole model, loss included; the blocks under strategy=fsdp) or true (blocks)")
+    for key in ("loss_chunk", "head_rows_multiple"):
+        positive_int(f"runtime.{key}", runtime.get(key, 1))
+
+
 def check_train_config(cfg: DictConfig) -> None:
     check_norm_config(cfg.norm)  # first: the run's name interpolates norm.name
     if not str(cfg.run_dir).strip():
@@ -334,8 +342,9 @@ def check_train_config(cfg: DictConfig) -> None:
     fraction("schedule.warmup_fraction", cfg.schedule.warmup_fraction)
     fraction("schedule.min_lr_ratio", cfg.schedule.min_lr_ratio)
     check_analysis(cfg.get("analysis") or {})
+    check_runtime(cfg.runtime)
     check_optimizer(cfg.optimizer)
-    for key in ("max_steps", "val_check_interval", "num_nodes"):
+    for key in ("max_steps", "val_check_interval", "num_nodes", "log_every_n_steps"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0):

@@ -7,7 +7,6 @@ from typing import Callable
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from normlab.model.gpt import GPT
 
@@ -28,6 +27,7 @@ class LanguageModel(L.LightningModule):
         self.model = model
         self.optimizer = optimizer
         self.micro_losses: list[torch.Tensor] = []  # of the current optimizer step (NonFiniteGuard reads them)
+        self.grad_norm: torch.Tensor | None = None  # of the current step's gradients, where NonFiniteGuard computed it
 
     def setup(self, stage: str) -> None:
         # Each rank its own dropout stream (rank 0 the single-process one); a resumed run then restores them all
@@ -42,8 +42,7 @@ class LanguageModel(L.LightningModule):
 
     def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        logits = self.model(x)
-        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        return self.model(x, targets=y)
 
     def training_step(self, batch, batch_idx):
         loss = self.loss(batch)
@@ -60,6 +59,15 @@ class LanguageModel(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         self.log("val/loss", self.loss(batch), prog_bar=True, sync_dist=True, batch_size=batch[0].shape[0])
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """Lightning's clipping, by the gradients' norm NonFiniteGuard already computed where it did (the same
+        norm, of the same gradients in the same order: computed once a step, and never read back to the host)."""
+        norm, self.grad_norm = self.grad_norm, None
+        if norm is None or not gradient_clip_val or gradient_clip_algorithm not in (None, "norm"):
+            return self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+
     def configure_optimizers(self):
         params = [p for p in self.model.parameters() if p.requires_grad]
         groups = [
@@ -71,3 +79,15 @@ class LanguageModel(L.LightningModule):
         schedule = partial(lr_factor, warmup_steps=h.warmup_steps, max_steps=h.max_steps, min_lr_ratio=h.min_lr_ratio)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def plain_step(module: LanguageModel, optimizer, batch, clip: float, device_type: str = "cpu") -> None:
+    """One optimizer step in plain PyTorch, as normlab-train takes it: forward (in bf16 autocast on a GPU), backward,
+    clipping, update (normlab-bench's reference for the framework, and its timed and profiled step)."""
+    with torch.autocast(device_type, torch.bfloat16, enabled=device_type == "cuda"):
+        loss = module.loss(batch)
+    loss.backward()
+    # the optimizer's parameter order, as Lightning clips: the same norm to the last bit
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)

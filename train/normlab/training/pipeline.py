@@ -40,7 +40,24 @@ def build_model(cfg: DictConfig):
     zero_mean_writers = bool((cfg.get("branch") or {}).get("zero_mean_writers"))  # a branch's control arm
     model = GPT(GPTConfig(**settings, zero_mean_writers=zero_mean_writers), norm=layer, sites=sites)
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
+    model.loss_chunk = cfg.runtime.get("loss_chunk", model.loss_chunk)
+    model.head_rows_multiple = cfg.runtime.get("head_rows_multiple", model.head_rows_multiple)
     return model
+
+
+def compile_scope(cfg: DictConfig) -> str | None:
+    """What runtime.compile compiles: None, 'blocks' (each transformer block; true, as before 'model' existed) or
+    'model' (embeddings, blocks, final norm, head and loss as one graph), which a sharded strategy narrows to the
+    blocks (FSDP's units: the root's hooks gather its parameters outside any graph)."""
+    from hydra.utils import get_class
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    scope = {False: None, True: "blocks"}.get(cfg.runtime.compile, cfg.runtime.compile)
+    strategy = cfg.trainer.get("strategy")
+    if scope == "model" and isinstance(strategy, DictConfig) and issubclass(get_class(strategy._target_),
+                                                                            ModelParallelStrategy):
+        return "blocks"
+    return scope
 
 
 def gradient_accumulation(cfg: DictConfig) -> int:
@@ -65,9 +82,9 @@ def build_module(cfg: DictConfig):
 
     model = build_model(cfg)
     model.init_weights(cfg.seed)
-    if cfg.runtime.compile:
-        for block in model.blocks:
-            block.compile()  # in place: parameter names, hence checkpoints, stay those of the eager model
+    scope = compile_scope(cfg)  # in place: parameter names, hence checkpoints, stay those of the eager model
+    for part in model.blocks if scope == "blocks" else [model] if scope == "model" else []:
+        part.compile()
     max_steps = cfg.trainer.max_steps
     return LanguageModel(
         model,
@@ -106,7 +123,7 @@ def build_trainer(cfg: DictConfig, callbacks: list, accumulate: int, run=None):
     callbacks = [*([run] if run else []), *callbacks]
     # The bar on a terminal; in a job's log, TokenThroughput's progress lines instead
     if bar := cfg.trainer.get("enable_progress_bar", sys.stdout.isatty()):
-        callbacks = [*callbacks, TrainingBar()]
+        callbacks = [*callbacks, TrainingBar(refresh_rate=cfg.trainer.log_every_n_steps)]  # its metrics: a wait
     from normlab.training.strategies import precision_settings
 
     precision, precision_plugins = precision_settings(cfg.trainer)

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 
 from normlab.common.errors import ConfigError
+from normlab.training.rundir.directory import RunDirectory
 from normlab.training.runtime import peak_flops
 
 
@@ -23,9 +24,11 @@ class TrainingBar(TQDMProgressBar):
 
 
 class TokenThroughput(L.Callback):
-    """Logs training tokens/s (all devices, and per device) at every optimizer step, measured from
-    the end of one step to the end of the next (time spent in validation is left out), and the model
-    FLOPs utilisation, train/mfu, where the GPU's peak is known (PEAK_BF16_FLOPS, or peak_flops=).
+    """Logs training tokens/s (all devices, and per device) and the model FLOPs utilisation, train/mfu, where the
+    GPU's peak is known (PEAK_BF16_FLOPS, or peak_flops=), over the optimizer steps since its last measurement (time
+    in validation left out). It measures at the loggers' cadence (trainer.log_every_n_steps: every step on the CPU,
+    where nothing waits), at the last step before a validation and when a progress line is due: on a GPU by CUDA
+    events, whose one wait for the device is then, never at the steps between.
     When the output is not a terminal (a Slurm job's log), where no progress bar is drawn, rank 0 prints a progress
     line every `print_every` optimizer steps or `print_every_seconds` seconds, whichever comes first (and at the
     last step): step/max, loss, lr, tokens/s, MFU, elapsed, ETA. The seconds keep a slow run's log moving (a CPU
@@ -42,7 +45,7 @@ class TokenThroughput(L.Callback):
         self.peak_flops = peak_flops
         self.print_every, self.print_every_seconds = print_every, print_every_seconds
         self._printed_at = 0.0
-        self._last: float | None = None
+        self._window: Clock | None = None  # since the last measurement
         self._tokens = 0
         self._started: tuple[float, int] | None = None  # (time, step) when this launch began training
 
@@ -54,17 +57,19 @@ class TokenThroughput(L.Callback):
         self._printed_at = self._started[0]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self._last is None:
-            self._last = time.perf_counter()
+        if self._window is None:
+            self._window = Clock(pl_module.device)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._tokens += batch[0].numel()
         if (batch_idx + 1) % trainer.accumulate_grad_batches:  # mid gradient accumulation
             return
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        per_device = self._tokens / (now - self._last)
+        step, now = trainer.global_step, time.perf_counter()
+        run = RunDirectory.of(trainer)
+        line = trainer.is_global_zero and not sys.stdout.isatty() and self.line_due(step, trainer.max_steps, now)
+        if not (step % trainer.log_every_n_steps == 0 or line or (run and run.schedule.validates_after(step))):
+            return
+        per_device = self._tokens / self._window.seconds()
         metrics = {
             "train/tokens_per_sec": per_device * trainer.world_size,
             "train/tokens_per_sec_per_device": per_device,
@@ -74,10 +79,9 @@ class TokenThroughput(L.Callback):
         # Straight to the loggers (as LearningRateMonitor does), at the step self.log gives train/loss: self.log's
         # bookkeeping costs about a millisecond a value, every step.
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step - 1)
-        self._tokens, self._last = 0, now
-        if trainer.is_global_zero and not sys.stdout.isatty() and self.line_due(trainer.global_step,
-                                                                                trainer.max_steps, now):
+            logger.log_metrics(metrics, step=step - 1)
+        self._tokens, self._window = 0, Clock(pl_module.device)
+        if line:
             print(self.progress_line(trainer, pl_module, metrics, now), flush=True)
             self._printed_at = now
 
@@ -104,7 +108,26 @@ class TokenThroughput(L.Callback):
         return " | ".join(parts)
 
     def on_validation_end(self, trainer, pl_module):
-        self._last = None  # restart the clock at the next training batch
+        self._window, self._tokens = None, 0  # restart the clock at the next training batch
+
+
+class Clock:
+    """Seconds from its making to seconds(): by CUDA events on a GPU (their wait is in seconds()), else by the
+    wall clock."""
+
+    def __init__(self, device: torch.device):
+        self.start = time.perf_counter()
+        self.events = None
+        if device.type == "cuda":
+            self.events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.events[0].record()
+
+    def seconds(self) -> float:
+        if self.events is None:
+            return time.perf_counter() - self.start
+        self.events[1].record()
+        self.events[1].synchronize()
+        return self.events[0].elapsed_time(self.events[1]) / 1000
 
 
 def duration(seconds: float) -> str:
