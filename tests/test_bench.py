@@ -15,7 +15,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout
-    assert table.startswith("normlab-bench framework norms step prepare angles: torch ")
+    assert table.startswith("normlab-bench framework norms step prepare angles profile: torch ")
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M)[1:])  # after the header row
     norm_rows = [k for k in rows if k.startswith("norm forward+backward")]
     assert len(norm_rows) == 8 and all(
@@ -39,11 +39,15 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert any(k.startswith("angle probe pass / plain forward (tiny") for k in rows)
     assert any(k.startswith("angle probe pass with 16 null directions / plain forward (tiny") for k in rows)
     assert any(k.startswith("angle probe peak memory") for k in rows)
+    profile = next(v for k, v in rows.items() if k.startswith("profile: 2-layer d=512 layernorm"))
+    assert re.match(r"[\d,.]+ ms/step; in operators' own time [\d,.]+ ms \(\d+%\); outside them", profile)
+    assert (tmp_path / "bench-profile.json").stat().st_size > 10_000  # the Chrome trace, beside the table
+    assert sum(k.startswith("profile top ") for k in rows) == 10
 
 
 @pytest.mark.parametrize("args, message", [
     (["sections=[norms,warp]"], "unknown section 'warp' in sections: choose from framework, norms, step, prepare, "
-                                "angles, preflight, e.g. sections=[norms,step]"),
+                                "angles, profile, preflight, e.g. sections=[norms,step]"),
     (["sections=[]"], "no section in sections: choose from framework"),
     (["repeats=0"], "repeats=0: give a positive whole number"),
     (["norms=[layernorm,batchnorm]"], "norms=['layernorm', 'batchnorm']: "),

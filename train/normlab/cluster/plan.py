@@ -71,7 +71,8 @@ class ModelShape:
     params: int  # all parameters, a tied matrix once
     block_params: int  # of one transformer block
     block_matmul_weights: int  # weights of one block's matrices: what autocast copies to bf16
-    head_matmul_weights: int  # the LM head's matrix
+    head_rows: int  # its rows padded for the matmul (GPT.head_rows_multiple; model/head_loss.py)
+    loss_chunk: int  # tokens per chunk of the head and its loss (GPT.loss_chunk)
     norm_stats: int  # fp32 values per token that a norm saves beside its input: norms.saved_per_token, measured
     flops_per_token: int  # training FLOPs, GPT.flops_per_token()
     dropout: float
@@ -88,7 +89,8 @@ class ModelShape:
             params=model.num_params(),
             block_params=sum(p.numel() for p in block.parameters()),
             block_matmul_weights=sum(m.weight.numel() for m in block.modules() if isinstance(m, nn.Linear)),
-            head_matmul_weights=model.lm_head.weight.numel(),
+            head_rows=-(-c.vocab_size // model.head_rows_multiple) * model.head_rows_multiple,
+            loss_chunk=model.loss_chunk,
             norm_stats=norms.saved_per_token(model.norm_factory, c.n_embd),
             flops_per_token=model.flops_per_token(),
             dropout=c.dropout,
@@ -110,8 +112,10 @@ class _Activations:
     block_weight_copies: int  # autocast's bf16 copies of one block's matrices (saved by their matmuls)
     block_input: int  # one residual-stream tensor: all that activation checkpointing keeps of a block
     block_gradients: int  # the largest gradients in flight in a block's backward pass
-    outside: int  # what the embeddings, the final norm, the LM head and the loss save
-    logits: int  # values in the logits: batch x block_size x vocab
+    outside: int  # what the embeddings, the final norm and the head's loss save
+    head_saved: int  # of which the head's loss: the gradients it computed in the forward pass
+    head_forward: int  # what the head's loss holds beside them at its peak in the forward pass
+    head_backward: int  # the gradients its backward pass hands on (of the hidden states and of the head's weight)
 
 
 def _activations(shape: ModelShape, batch: int, mixed: bool) -> _Activations:
@@ -127,17 +131,30 @@ def _activations(shape: ModelShape, batch: int, mixed: bool) -> _Activations:
     # c_fc's input, GELU's input (c_fc's output, 4d wide) and c_proj's input (GELU's output, 4d wide). Dropout with
     # p = 0 saves nothing.
     block = 2 * (residual + stats) + a * N * d * (1 + 3 + 1 + 1 + 4 + 4) + 4 * N * s.n_head
-    # Outside the blocks: token ids (the embedding) and targets (the loss), int64, and the positions; the final
-    # norm's input and statistics; the LM head's input (and its weight's bf16 copy); log_softmax's fp32 output.
-    outside = 8 * (2 * N + T) + residual + stats + a * N * d + 4 * N * s.vocab_size
+    # The head's loss (model/head_loss.py) saves the gradients it computed chunk by chunk: of the final norm's output
+    # (fp32) and of the head's weight (fp32, its padded rows). At its peak in the forward pass it also holds the
+    # padded weight in the matmul's dtype, a chunk of hidden states cast to it, and one chunk's logits: the largest
+    # of its three moments (the logits' matmul and fp32 copy; the softmax's gradient cast and padded; the weight's
+    # gradient of the chunk).
+    V, R, c = s.vocab_size, s.head_rows, min(s.loss_chunk, N)
+    head_saved = 4 * N * d + 4 * R * d
+    if mixed:
+        moments = (a * c * R + 4 * c * V, 4 * c * V + a * c * V + a * c * R, a * c * R + a * R * d)
+    else:  # fp32: the logits are a view of the matmul's output, and the weight's gradient is added in place
+        moments = (4 * c * R, 8 * c * R, 4 * c * R + 4 * R * d)
+    head_forward = a * R * d + (a * c * d if mixed else 0) + max(moments)
+    # Outside the blocks: token ids (the embedding), int64, and the positions; the final norm's input and statistics
+    outside = 8 * (N + T) + residual + stats + head_saved
     return _Activations(
         block=block,
         # GELU's output and input gradients (4d wide, in the activations' dtype) and the residual stream's (fp32)
         block_gradients=2 * a * N * 4 * d + 2 * residual,
         block_weight_copies=2 * s.block_matmul_weights if mixed else 0,
         block_input=residual,
-        outside=outside + (2 * s.head_matmul_weights if mixed else 0),
-        logits=N * s.vocab_size,
+        outside=outside,
+        head_saved=head_saved,
+        head_forward=head_forward,
+        head_backward=4 * N * d + 4 * V * d,
     )
 
 
@@ -151,29 +168,29 @@ def saved_activation_bytes(shape: ModelShape, batch: int, mixed: bool, checkpoin
 
 
 def forward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
-    """Peak bytes of activations at the end of the forward pass: the saved tensors, and the logits beside
-    log_softmax's output (bf16 logits and their fp32 copy under autocast), and under checkpointing and autocast the
-    bf16 copies of every block's matrices, which autocast caches until the forward pass ends."""
+    """Peak bytes of activations in the forward pass, at the head's loss: the saved tensors and what the loss holds
+    beside them, and under checkpointing and autocast the bf16 copies of every block's matrices, which autocast
+    caches until the forward pass ends."""
     act = _activations(shape, batch, mixed)
     copies = shape.n_layer * act.block_weight_copies if checkpointing else 0
-    return saved_activation_bytes(shape, batch, mixed, checkpointing) + (6 if mixed else 4) * act.logits + copies
+    return saved_activation_bytes(shape, batch, mixed, checkpointing) + act.head_forward + copies
 
 
 def loss_backward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
-    """Peak bytes of activations as the backward pass starts: the saved tensors, and the gradients of log_softmax's
-    output and input (fp32, two of N x vocab)."""
+    """Peak bytes of activations as the backward pass starts: the saved tensors, and the gradients the loss's
+    backward pass hands on."""
     act = _activations(shape, batch, mixed)
-    return saved_activation_bytes(shape, batch, mixed, checkpointing) + 8 * act.logits
+    return saved_activation_bytes(shape, batch, mixed, checkpointing) + act.head_backward
 
 
 def backward_bytes(shape: ModelShape, batch: int, mixed: bool, checkpointing: bool) -> int:
-    """Peak bytes of activations later in the backward pass, through the blocks: the saved tensors but log_softmax's
-    output (freed by the loss's backward), the gradients in flight in a block and, under checkpointing, everything
-    the block being recomputed saves."""
+    """Peak bytes of activations later in the backward pass, through the blocks: the saved tensors but the loss's
+    (freed by its backward pass), the gradients in flight in a block and, under checkpointing, everything the block
+    being recomputed saves."""
     act = _activations(shape, batch, mixed)
     saved = saved_activation_bytes(shape, batch, mixed, checkpointing)
     recompute = act.block + act.block_weight_copies if checkpointing else 0
-    return saved - 4 * act.logits + act.block_gradients + recompute
+    return saved - act.head_saved + act.block_gradients + recompute
 
 
 # -- memory per GPU

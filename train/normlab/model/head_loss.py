@@ -31,26 +31,26 @@ class ChunkedHeadLoss(torch.autograd.Function):
             w = padded(weight, rows_multiple, dtype)
             loss = torch.zeros((), device=h.device, dtype=torch.float32)
             grad_h = torch.empty_like(h) if needs_grad[0] else None
-            grad_w = None  # float32, summed over the chunks
-            for start in range(0, h.shape[0], chunk):
+            grad_w = torch.zeros(w.shape, device=w.device, dtype=torch.float32) if needs_grad[1] else None
+            for start in range(0, h.shape[0], chunk):  # each chunk's tensors freed before the next is made
                 h_c, t_c = h[start:start + chunk].to(dtype), targets[start:start + chunk]
                 logits = (h_c @ w.T)[:, :vocab].float()
                 lse = torch.logsumexp(logits, dim=1)
                 loss += (lse - logits.gather(1, t_c[:, None]).squeeze(1)).sum()
                 if not any(needs_grad):
                     continue
-                grad_logits = torch.exp(logits - lse[:, None])  # softmax - one-hot: d(sum of losses)/d(logits)
-                grad_logits[torch.arange(len(t_c), device=t_c.device), t_c] -= 1
-                grad_logits = F.pad(grad_logits.to(dtype), (0, w.shape[0] - vocab))
+                logits.sub_(lse[:, None]).exp_()  # in place: softmax - one-hot, d(sum of losses)/d(logits)
+                logits[torch.arange(len(t_c), device=t_c.device), t_c] -= 1
+                grad_logits = F.pad(logits.to(dtype), (0, w.shape[0] - vocab))
+                del logits
                 if grad_h is not None:
                     grad_h[start:start + chunk] = grad_logits @ w
-                if needs_grad[1]:
-                    chunk_grad_w = (grad_logits.T @ h_c).float()
-                    grad_w = chunk_grad_w if grad_w is None else grad_w.add_(chunk_grad_w)
-        n = h.shape[0]
-        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w[:vocab].to(weight.dtype))
-        ctx.n = n
-        return loss / n
+                if grad_w is not None:
+                    grad_w += grad_logits.T @ h_c
+                del grad_logits
+        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w[:vocab])
+        ctx.n = h.shape[0]
+        return loss / ctx.n
 
     @staticmethod
     def backward(ctx, grad_loss):
