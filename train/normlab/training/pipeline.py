@@ -40,8 +40,9 @@ def build_model(cfg: DictConfig):
     zero_mean_writers = bool((cfg.get("branch") or {}).get("zero_mean_writers"))  # a branch's control arm
     model = GPT(GPTConfig(**settings, zero_mean_writers=zero_mean_writers), norm=layer, sites=sites)
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
-    model.loss_chunk = cfg.runtime.get("loss_chunk", model.loss_chunk)
-    model.head_rows_multiple = cfg.runtime.get("head_rows_multiple", model.head_rows_multiple)
+    runtime = cfg.get("runtime") or {}  # a converted checkpoint's config has none: the model's defaults
+    model.loss_chunk = runtime.get("loss_chunk", model.loss_chunk)
+    model.head_rows_multiple = runtime.get("head_rows_multiple", model.head_rows_multiple)
     return model
 
 

@@ -7,6 +7,7 @@ import subprocess
 
 import lightning as L
 import torch
+from torch.distributed.tensor import DTensor
 
 from normlab.common.errors import (
     SUBMITIT_SIGNAL,
@@ -116,7 +117,9 @@ class NonFiniteGuard(L.Callback):
                   else torch.zeros(1, device=pl_module.device))
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         pl_module.grad_norm = torch.nn.utils.get_total_norm(grads)  # one multi-tensor norm, used by clipping too
-        bad = ~torch.isfinite(losses.sum() + pl_module.grad_norm)  # the norm of all gradients is finite iff each is
+        norm = pl_module.grad_norm  # FSDP's sharded gradients: a DTensor of the ranks' partial norms, reduced here
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        bad = ~torch.isfinite(losses.sum() + norm)  # the norm of all gradients is finite iff each is
         step = trainer.global_step
         if not self.skips_on_device(trainer, optimizer):
             stops = trainer.strategy.reduce_boolean_decision(bool(bad), all=False)
