@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from omegaconf import OmegaConf
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.utils.data import DataLoader
 
@@ -241,3 +242,63 @@ def test_the_plan_refuses_what_it_cannot_plan(override, message):
     with pytest.raises(ConfigError) as refused:
         plan.render(cfg, model)
     assert str(refused.value) == message
+
+
+PAPER_HARDWARE = {"paper_70m": "a6000", "paper_160m": "a6000", "paper_410m": "a100_80gb", "paper_1b": "a100_80gb"}
+
+
+@pytest.mark.parametrize("preset", list(PAPER_HARDWARE))
+def test_each_paper_presets_micro_batch_is_the_one_the_plan_fits_on_its_hardware(preset):
+    """A preset's data.batch_size is what data.batch_size=auto chooses on the paper's GPUs: its whole share of a
+    step, no accumulation; and auto's choice is the largest divisor of the share that the plan fits."""
+    cfg = compose_config("train", [f"experiment={preset}"])
+    with torch.device("meta"):
+        model = build_model(cfg)
+    shape, run, gpu = plan.ModelShape.of(model), plan.setting(cfg), plan.gpu(PAPER_HARDWARE[preset])
+    share = cfg.global_batch_size // cfg.trainer.devices
+    auto = cfg.copy()
+    auto.data.batch_size = "auto"
+    assert "sequences per micro-batch, 1 per step and GPU" in plan.resolve_micro_batch(auto, model, gpu)
+    assert auto.data.batch_size == cfg.data.batch_size == share and run.accumulate == 1
+    for memory in ("12GB", "24GB", "40GB", "80GB"):  # on smaller GPUs: the largest fitting divisor, accumulated
+        small = plan.gpu(memory)
+        fitting = [b for b in range(1, share + 1) if share % b == 0 and plan.fits(
+            plan.memory_per_gpu(shape, plan.Setting(b, share // b, run.world, True, "ddp", False)).total, small)]
+        assert plan.fitting_micro_batch(shape, small, run, share) == max(fitting, default=0)
+
+
+def test_auto_micro_batch_fills_one_gpu_with_the_whole_step_or_says_what_to_change(tmp_path):
+    one_gpu = ["experiment=paper_1b", "data.batch_size=auto", "trainer.devices=1"]
+    result = run_cli("normlab-describe", *one_gpu, "plan.gpus=[a100_40gb]", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    cfg = compose_config("describe", one_gpu[:1] + ["trainer.devices=1"])
+    with torch.device("meta"):
+        shape = plan.ModelShape.of(build_model(cfg))
+    planned = plan.memory_per_gpu(shape, plan.Setting(8, 8, 1, True, "ddp", False)).total
+    assert (f"data.batch_size=auto: 8 sequences per micro-batch, 8 per step and GPU (the plan on A100 40GB: "
+            f"{plan.size(planned)} of its 40.0 GiB)") in result.stdout
+    assert "micro-batch 8 x 1024 tokens, 8 micro-batches per step (64 sequences)" in result.stdout
+    assert not plan.fits(plan.memory_per_gpu(shape, plan.Setting(16, 4, 1, True, "ddp", False)).total,
+                         plan.gpu("a100_40gb"))  # the next divisor of 64 would not fit
+    refused = run_cli("normlab-describe", *one_gpu, "plan.gpus=[12GB]", cwd=tmp_path)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.strip() == (
+        "normlab-describe: error: data.batch_size=auto: not one sequence fits 12GB (12.0 GiB) by the resource plan: "
+        "use strategy=fsdp, activation_checkpointing=true or more GPUs")
+    unsplit = run_cli("normlab-train", "data.batch_size=auto", f"run_dir={tmp_path / 'run'}")
+    assert unsplit.returncode == 2 and not (tmp_path / "run").exists()
+    assert unsplit.stderr.strip().endswith(
+        "data.batch_size=auto needs global_batch_size and whole numbers of trainer.devices and trainer.num_nodes: "
+        "give them, or a number of sequences as data.batch_size")
+
+
+def test_auto_micro_batch_on_the_cpu_trains_a_devices_whole_share_and_records_the_number(prepared, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("normlab-train", *FAST_TRAIN, "data.batch_size=auto", "global_batch_size=4", f"run_dir={run_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("data.batch_size=auto: 4 sequences per micro-batch (no GPU: a device's whole "
+                                    "share of a step)\n")
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert (saved.data.batch_size, saved.global_batch_size) == (4, 4)
+    again = run_cli("normlab-train", *FAST_TRAIN, "data.batch_size=auto", "global_batch_size=4", f"run_dir={run_dir}")
+    assert again.returncode == 0 and "is finished" in again.stdout  # the same run: auto resolves alike

@@ -440,6 +440,9 @@ def main() -> None:
                               f"from {', '.join(SECTIONS + CHECKS)}, e.g. sections=[norms,step]")
         for key in ("scale", "seq_len", "repeats", "rows", "steps", "profile_steps"):
             positive_int(key, cfg[key])
+        if cfg.preflight_batch not in ("preset", "auto"):
+            raise ConfigError(f"preflight_batch={cfg.preflight_batch}: give preset (each preset's micro-batch and one "
+                              "GPU's share of its step) or auto (its whole step on one GPU in micro-batches that fit)")
         out = Path(str(cfg.out))  # a new file, or an earlier table of normlab-bench (its first line)
         outputs.check_file(out, "normlab-bench", written_by_bench, example="bench.md")
         trace = out.with_name(f"{out.stem}-profile.json")  # the profile's Chrome trace, beside the table
@@ -489,7 +492,7 @@ def main() -> None:
         if "preflight" in sections:
             from normlab.cluster.preflight import preflight
 
-            rows += preflight(device)
+            rows += preflight(device, cfg.preflight_batch)
         machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
         header = (
             f"normlab-bench {' '.join(sections)}: torch {torch.__version__}, {machine}, "

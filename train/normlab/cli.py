@@ -267,7 +267,14 @@ def train(cfg: DictConfig) -> None:
     from normlab.training import pipeline
 
     install_signal_handlers()  # from here on SIGTERM, SIGUSR1 and Ctrl-C stop the run (or sweep), its progress saved
-    pipeline.train(cfg)
+    pipeline.train(cfg, micro_batch=auto_micro_batch)
+
+
+def auto_micro_batch(cfg: DictConfig, model) -> str:
+    """data.batch_size=auto, resolved by the resource plan for the GPU this process trains on (cluster/plan.py)."""
+    from normlab.cluster import plan
+
+    return plan.resolve_micro_batch(cfg, model, plan.this_gpu(cfg))
 
 
 @hydra_app("prepare")
@@ -305,7 +312,10 @@ def describe(cfg: DictConfig) -> None:
 
     with torch.device("meta"):
         model = build_model(cfg)
-    resources = plan.render(cfg, model)  # first: a bad plan.gpus is refused before anything is printed
+    chosen = ""
+    if cfg.data.batch_size == "auto":  # as normlab-train would choose it on the first GPU of plan.gpus
+        chosen = f"{plan.resolve_micro_batch(cfg, model, plan.gpus_of(cfg)[0])}\n"
+    resources = chosen + plan.render(cfg, model)  # first: a bad plan.gpus is refused before anything is printed
     c = model.config
     rows = [
         ("model", f"{cfg.model.name} ({c.n_layer} layers, d={c.n_embd}, {c.n_head} heads, context {c.block_size})"),

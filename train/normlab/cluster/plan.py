@@ -269,6 +269,53 @@ def max_micro_batch(shape: ModelShape, gpu: GPU, run: Setting) -> int:
     return low
 
 
+def fitting_micro_batch(shape: ModelShape, gpu: GPU, run: Setting, per_gpu: int) -> int:
+    """The largest micro-batch that divides `per_gpu` (sequences per GPU and optimizer step) and fits `gpu`, the
+    step's other micro-batches accumulated (0: not even one sequence fits)."""
+    for batch in (b for b in range(per_gpu, 0, -1) if per_gpu % b == 0):
+        if fits(memory_per_gpu(shape, replace(run, batch=batch, accumulate=per_gpu // batch)).total, gpu):
+            return batch
+    return 0
+
+
+def this_gpu(cfg: DictConfig) -> GPU | None:
+    """The GPU this process trains on (its memory as CUDA reports it), or None when it trains on the CPU."""
+    import torch
+
+    if str(cfg.trainer.accelerator) not in ("gpu", "cuda", "auto") or not torch.cuda.is_available():
+        return None
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return GPU(properties.name, properties.total_memory, None)
+
+
+def resolve_micro_batch(cfg: DictConfig, model, gpu: GPU | None) -> str:
+    """data.batch_size=auto: the largest micro-batch of this GPU's share of global_batch_size that the plan fits on
+    `gpu` (the rest of the share accumulated), written into cfg.data.batch_size; on the CPU (gpu None) the whole
+    share. The line that says what was chosen and why."""
+    from normlab.training.pipeline import gradient_accumulation
+
+    global_batch, devices, nodes = cfg.get("global_batch_size"), cfg.trainer.devices, cfg.trainer.num_nodes
+    if global_batch is None or not isinstance(devices, int) or not isinstance(nodes, int):
+        raise ConfigError("data.batch_size=auto needs global_batch_size and whole numbers of trainer.devices and "
+                          "trainer.num_nodes: give them, or a number of sequences as data.batch_size")
+    per_gpu, remainder = divmod(global_batch, devices * nodes)
+    if remainder or per_gpu < 1:
+        raise ConfigError(f"global_batch_size={global_batch} does not split evenly over trainer.devices={devices} x "
+                          f"trainer.num_nodes={nodes}: choose values whose product divides it")
+    cfg.data.batch_size = per_gpu
+    if gpu is None:
+        return f"data.batch_size=auto: {per_gpu} sequences per micro-batch (no GPU: a device's whole share of a step)"
+    shape, run = ModelShape.of(model), setting(cfg)
+    batch = fitting_micro_batch(shape, gpu, run, per_gpu)
+    if batch == 0:
+        raise ConfigError(f"data.batch_size=auto: not one sequence fits {gpu.name} ({size(gpu.memory)}) by the "
+                          "resource plan: use strategy=fsdp, activation_checkpointing=true or more GPUs")
+    cfg.data.batch_size = batch
+    planned = memory_per_gpu(shape, replace(run, batch=batch, accumulate=gradient_accumulation(cfg))).total
+    return (f"data.batch_size=auto: {batch} sequences per micro-batch, {per_gpu // batch} per step and GPU (the plan "
+            f"on {gpu.name}: {size(planned)} of its {size(gpu.memory)})")
+
+
 def step_seconds(shape: ModelShape, tokens_per_gpu: int, peak_flops: float, mfu: float, checkpointing: bool) -> float:
     """Seconds per optimizer step at `mfu` of the GPU's peak; the FLOPs of recomputed blocks are added to the step
     (the MFU is taken as what the GPU sustains, counted in model FLOPs without recomputation)."""

@@ -20,7 +20,7 @@ from normlab.cluster import plan
 from normlab.common.compose import compose
 from normlab.training import runtime
 from normlab.training.console import quiet_libraries
-from normlab.training.pipeline import build_module, build_trainer, gradient_accumulation
+from normlab.training.pipeline import build_model, build_module, build_trainer, gradient_accumulation
 from normlab.training.runtime import peak_flops
 
 PRESETS = ("paper_70m", "paper_160m", "paper_410m", "paper_1b")
@@ -70,8 +70,10 @@ def random_windows(cfg, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(window[:-1], window[1:]) for window in ids]
 
 
-def check(preset: str, device: torch.device) -> tuple[str, str]:
-    """Train `preset` on one device; (what ran, PASS or FAIL with what was measured)."""
+def check(preset: str, device: torch.device, micro_batch: str = "preset") -> tuple[str, str]:
+    """Train `preset` on one device; (what ran, PASS or FAIL with what was measured). micro_batch: preset (its
+    micro-batch, and one GPU's share of its global batch) or auto (on a GPU, its whole global batch on this one GPU
+    in the largest micro-batch the plan fits: data.batch_size=auto)."""
     on_gpu = device.type == "cuda"
     warmup, measured = GPU_STEPS if on_gpu else CPU_STEPS
     size = [] if on_gpu else CPU_SIZE
@@ -82,7 +84,12 @@ def check(preset: str, device: torch.device) -> tuple[str, str]:
             *size, "trainer.devices=1", "trainer.num_nodes=1", f"trainer.max_steps={warmup + measured}",
             "+trainer.enable_checkpointing=false", "logger=csv", f"run_dir={tmp}",
         ])
-        cfg.global_batch_size = cfg.data.batch_size * per_gpu
+        if micro_batch == "auto" and on_gpu:
+            with torch.device("meta"):
+                shape_only = build_model(cfg)
+            plan.resolve_micro_batch(cfg, shape_only, plan.this_gpu(cfg))
+        else:
+            cfg.global_batch_size = cfg.data.batch_size * per_gpu
         run = plan.setting(cfg)
         name = (f"preflight {preset} ({cfg.model.name} {cfg.norm.name}, micro-batch {run.batch}, {run.accumulate} "
                 f"per step, {cfg.trainer.precision}{', compiled' if cfg.runtime.compile else ''}, "
@@ -123,13 +130,13 @@ def check(preset: str, device: torch.device) -> tuple[str, str]:
     return name, f"{'PASS' if passed else 'FAIL'}: {'; '.join(results)}"
 
 
-def preflight(device: torch.device) -> list[tuple[str, str]]:
-    """One (name, result) row per paper preset, each also printed as soon as it is known."""
+def preflight(device: torch.device, micro_batch: str = "preset") -> list[tuple[str, str]]:
+    """One (name, result) row per paper preset (check), each also printed as soon as it is known."""
     quiet_libraries()
     warnings.filterwarnings("ignore", message=".*no `val_dataloader`")  # the preflight only trains
     rows = []
     for preset in PRESETS:
-        rows.append(check(preset, device))
+        rows.append(check(preset, device, micro_batch))
         print(f"{rows[-1][0]}: {rows[-1][1]}", flush=True)
         gc.collect()  # the preset's model, optimizer state and compiled code go before the next one starts
         torch._dynamo.reset()

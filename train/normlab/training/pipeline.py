@@ -65,6 +65,9 @@ def gradient_accumulation(cfg: DictConfig) -> int:
     """Micro-batches per optimizer step, so that every step sees global_batch_size sequences whatever the
     number of devices and nodes (None: one micro-batch per device and step)."""
     devices, nodes, micro = cfg.trainer.devices, cfg.trainer.num_nodes, cfg.data.batch_size
+    if not isinstance(micro, int):  # normlab-train, normlab-describe and the preflight resolve it (cluster/plan.py)
+        raise ConfigError(f"data.batch_size={micro}: give a number of sequences per device and micro-batch, or auto "
+                          "(with global_batch_size: the largest micro-batch the resource plan fits on the GPU)")
     if cfg.get("global_batch_size") is None:
         return 1
     if not isinstance(devices, int) or devices < 1:
@@ -151,12 +154,21 @@ def summary(cfg: DictConfig, module, accumulate: int) -> str:
             f"(micro-batch x devices x nodes x accumulation); {cfg.trainer.precision}; run directory {cfg.run_dir}")
 
 
-def train(cfg: DictConfig, extra_callbacks=()):
-    """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule."""
+def train(cfg: DictConfig, extra_callbacks=(), micro_batch=None):
+    """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule.
+    micro_batch(cfg, model on the meta device): resolves data.batch_size=auto into cfg and says how (normlab-train
+    passes the resource plan's); without it, auto is refused."""
     run_dir = Path(cfg.run_dir)
     try:
         if received:  # a stop signal before this run (of a sweep) started
             raise Interrupted("stopped by a signal before this run started", received[0])
+        if cfg.data.batch_size == "auto" and micro_batch:  # before it is checked and saved: the number it chose
+            import torch
+
+            with torch.device("meta"):
+                chosen = micro_batch(cfg, build_model(cfg))
+            if not process_rank():
+                print(chosen, flush=True)
         check_train_config(cfg)
         if (cfg.get("branch") or {}).get("source") is not None:  # recorded absolute: a report from anywhere finds it
             cfg.branch.source = str(Path(str(cfg.branch.source)).resolve())
