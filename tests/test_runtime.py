@@ -11,6 +11,7 @@ from normlab.common.errors import ConfigError
 from normlab.probe.hooks import measure
 from normlab.probe.sites import norm_sites
 from normlab.training import runtime
+from normlab.training.checks import check_train_config
 from normlab.training.pipeline import build_module
 
 
@@ -55,3 +56,18 @@ def test_compiled_blocks_train_like_eager_ones_and_keep_their_parameter_names():
     with torch.no_grad(), torch.compiler.set_stance("force_eager"):  # the angle probe on a compiled model
         stats = measure(lambda x, mask: compiled.hidden(x), norm_sites(compiled, "normlab"), 64, [(ids, None)])
     assert stats.records(0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("runtime.compile=whole", "runtime.compile=whole: give false, blocks (each transformer block), model (the whole "
+                              "model, loss included; the blocks under strategy=fsdp) or true (blocks)"),
+    ("runtime.compile_mode=fast", "runtime.compile_mode=fast: give one of default, reduce-overhead, max-autotune, "
+                                  "max-autotune-no-cudagraphs (torch.compile's modes; reduce-overhead replays CUDA "
+                                  "graphs)"),
+    ("runtime.loss_chunk=0", "runtime.loss_chunk=0: give a positive whole number"),
+    ("runtime.head_rows_multiple=1.5", "runtime.head_rows_multiple=1.5: give a positive whole number"),
+])
+def test_a_bad_runtime_setting_is_refused_in_one_line(override, message):
+    with pytest.raises(ConfigError) as refused:
+        check_train_config(compose_config("train", [override]))
+    assert str(refused.value) == message

@@ -320,10 +320,16 @@ def check_run_dir_place(run_dir: Path) -> None:
         raise ConfigError(f"run_dir={run_dir} lies inside {found[1]}, {found[0]}: give a run directory outside it")
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def check_runtime(runtime: DictConfig) -> None:
     if runtime.get("compile") not in (False, True, "blocks", "model"):
         raise ConfigError(f"runtime.compile={runtime.compile}: give false, blocks (each transformer block), model (the "
                           "whole model, loss included; the blocks under strategy=fsdp) or true (blocks)")
+    if runtime.get("compile_mode", "default") not in COMPILE_MODES:
+        raise ConfigError(f"runtime.compile_mode={runtime.compile_mode}: give one of {', '.join(COMPILE_MODES)} "
+                          "(torch.compile's modes; reduce-overhead replays CUDA graphs)")
     for key in ("loss_chunk", "head_rows_multiple"):
         positive_int(f"runtime.{key}", runtime.get(key, 1))
 

@@ -45,8 +45,9 @@ class LanguageModel(L.LightningModule):
         return self.model(x, targets=y)
 
     def training_step(self, batch, batch_idx):
+        torch.compiler.cudagraph_mark_step_begin()  # runtime.compile_mode=reduce-overhead: a new replay (else a no-op)
         loss = self.loss(batch)
-        self.micro_losses.append(loss.detach())
+        self.micro_losses.append(loss.detach().clone())  # a CUDA graph's output is overwritten by its next replay
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
@@ -57,6 +58,7 @@ class LanguageModel(L.LightningModule):
             self.log("train/loss", step_loss, prog_bar=True, sync_dist=True, batch_size=1)
 
     def validation_step(self, batch, batch_idx):
+        torch.compiler.cudagraph_mark_step_begin()
         self.log("val/loss", self.loss(batch), prog_bar=True, sync_dist=True, batch_size=batch[0].shape[0])
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):

@@ -87,8 +87,9 @@ def build_module(cfg: DictConfig):
     model = build_model(cfg)
     model.init_weights(cfg.seed)
     scope = compile_scope(cfg)  # in place: parameter names, hence checkpoints, stay those of the eager model
+    mode = cfg.runtime.get("compile_mode", "default")
     for part in model.blocks if scope == "blocks" else [model] if scope == "model" else []:
-        part.compile()
+        part.compile(mode=None if mode == "default" else mode)
     max_steps = cfg.trainer.max_steps
     return LanguageModel(
         model,
