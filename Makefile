@@ -1,4 +1,4 @@
-# Set-up and the two README commands: `make demo` and `make test`.
+# Set-up and the two README commands: `make demo` and `make test`; `make gpu-check` on a GPU node.
 # TORCH pins the build pip installs first; on these CPU machines 2.13.0 is the local CPU wheel.
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 export MALLOC_MMAP_THRESHOLD_ ?= 4294967296
 export MALLOC_TRIM_THRESHOLD_ ?= 4294967296
 
-.PHONY: install demo test clean-demo
+.PHONY: install demo test gpu-check clean-demo
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,10 @@ demo: data/embedded/meta.json
 test: $(VENV)/.installed
 	bash slurm/local_cluster.sh || echo "warning: no one-node Slurm cluster (needs root and apt-get): tests/test_slurm.py cannot run"
 	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
+
+# On a GPU node (about 8 minutes on one GPU): the measurements only a GPU can give, under docs/results/<gpu>/
+gpu-check: $(VENV)/.installed
+	PYTHON=$(BIN)/python bash slurm/gpu_check.sh
 
 clean-demo:
 	rm -rf checkpoints/demo

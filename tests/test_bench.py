@@ -15,7 +15,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout
-    assert table.startswith("normlab-bench framework norms step prepare angles profile: torch ")
+    assert table.startswith("normlab-bench framework norms step gains precision prepare angles profile: torch ")
     rows = dict(re.findall(r"^\| (.+?) \| (.+) \|$", table, re.M)[1:])  # after the header row
     norm_rows = [k for k in rows if k.startswith("norm forward+backward")]
     assert len(norm_rows) == 8 and all(
@@ -28,6 +28,18 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
                     rows["training step rmsnorm / layernorm (70m (2 layers), 4x64 tokens, cpu)"])
     assert re.match(r"\d+\.\d{3}; layernorm [\d,]+ tokens/s, dyt [\d,]+ tokens/s$",
                     rows["training step dyt / layernorm (70m (2 layers), 4x64 tokens, cpu)"])
+    gains = "(70m, layernorm, 4x64 tokens, cpu)"
+    assert re.match(r"[\d,.]+ ms/step, [\d,]+ tokens/s$", rows[f"gains: all settings on {gains}"])
+    for setting in ("head padded to 128 rows", "loss in chunks"):  # compilation's variants: on a GPU only
+        assert re.match(r"\d+\.\d{3} x the step time with it on; [\d,]+ tokens/s$",
+                        rows[f"gains: without {setting} {gains}"])
+    assert not any("compiled" in k for k in rows if k.startswith("gains"))
+    precision = "(tiny (4 layers), layernorm, 4x64 tokens, cpu, 10 steps)"
+    assert re.match(r"first \d+\.\d{4}, last \d+\.\d{4}$", rows[f"precision: float32 losses {precision}"])
+    for label in ("bf16", "fp16"):
+        found = re.match(r"absolute loss difference: largest (\d\.\d{4}), median \d\.\d{4}, last \d\.\d{4}; last loss",
+                         rows[f"precision: {label} autocast against float32 {precision}"])
+        assert float(found[1]) < 0.05  # the same training, rounded otherwise
     framework = next(v for k, v in rows.items() if k.startswith("normlab-train / plain PyTorch loop"))
     assert framework.endswith("(target >= 0.97); identical batches and weights after 6 steps")
     assert sum(k.startswith("prepare ") and "tokens/s" in v for k, v in rows.items()) == 3
@@ -46,8 +58,10 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["sections=[norms,warp]"], "unknown section 'warp' in sections: choose from framework, norms, step, prepare, "
-                                "angles, profile, preflight, e.g. sections=[norms,step]"),
+    (["sections=[norms,warp]"], "unknown section 'warp' in sections: choose from framework, norms, step, gains, "
+                                "precision, prepare, angles, profile, preflight, e.g. sections=[norms,step]"),
+    (["step_model=7b"], "step_model=7b: "),
+    (["preflight_batch=max"], "preflight_batch=max: give preset"),
     (["sections=[]"], "no section in sections: choose from framework"),
     (["repeats=0"], "repeats=0: give a positive whole number"),
     (["norms=[layernorm,batchnorm]"], "norms=['layernorm', 'batchnorm']: "),

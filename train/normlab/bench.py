@@ -4,6 +4,8 @@ written to a file. The sections:
     framework      normlab-train's step vs a minimal plain PyTorch loop, same model and batches (CPU)
     norms          LayerNorm, RMSNorm and DyT forward+backward, the project's and torch's, fp32 and bf16
     step           a whole training step, RMS and DyT vs LN (on a GPU: the 410m model, and its MFU)
+    gains          the step with each speed setting switched off in turn: its gain (cluster/gains.py)
+    precision      the same training in float32, bf16 and fp16 autocast: the 16-bit losses against float32's
     prepare        data preparation: tokens/s and peak memory at 1x and 4x corpus size; OpenWebText's archives:
                    their reading rate, and a prepare of them (tokens/s, memory, disk)
     angles         angle probe pass vs plain forward (time ratio), and its memory at 1x and 10x tokens
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from normlab.common.paths import CONF_DIR
 
-SECTIONS = ["framework", "norms", "step", "prepare", "angles", "profile"]
+SECTIONS = ["framework", "norms", "step", "gains", "precision", "prepare", "angles", "profile"]
 CHECKS = ["preflight"]  # pass/fail checks: run only when named
 
 
@@ -116,11 +118,12 @@ def compose(overrides: list[str]):
         return hydra_compose("train", [*searchpath, *overrides])
 
 
-def step_shape(device, seq_len: int) -> tuple[list[str], int]:
-    """The model and micro-batch of the step and profile sections: on a GPU the paper's 410m, compiled whole, 8
-    sequences; on CPU 2 layers of the 70m width at a context of `seq_len`, 4 sequences."""
+def step_shape(device, seq_len: int, gpu_model: str = "410m") -> tuple[list[str], int]:
+    """The model and micro-batch of the step, gains, precision and profile sections: on a GPU the paper's
+    `gpu_model` (step_model), compiled whole, 8 sequences; on CPU 2 layers of the 70m width at a context of `seq_len`,
+    4 sequences."""
     if device.type == "cuda":
-        return ["model=410m", "runtime.compile=model"], 8
+        return [f"model={gpu_model}", "runtime.compile=model"], 8
     return ["model=70m", "model.n_layer=2", f"model.block_size={seq_len}"], 4
 
 
@@ -138,7 +141,8 @@ def training_step(cfg, device, batch: int):
     return module, lambda: plain_step(module, optimizer, (ids[:, :-1], ids[:, 1:]), 1.0, device.type)
 
 
-def bench_step(device, repeats: int, names: list[str], at_most: dict, seq_len: int = 256) -> list[tuple[str, str]]:
+def bench_step(device, repeats: int, names: list[str], at_most: dict, seq_len: int = 256,
+               gpu_model: str = "410m") -> list[tuple[str, str]]:
     """One optimizer step (forward, backward, clipping, fused AdamW) of the same model with each norm of `names` (the
     first the reference), on the same batch: on a GPU the paper's 410m model in bf16, compiled whole, and its
     MFU; on CPU a 2-layer model of the 70m width at a context of `seq_len`."""
@@ -146,7 +150,7 @@ def bench_step(device, repeats: int, names: list[str], at_most: dict, seq_len: i
 
     from normlab.training.runtime import peak_flops
 
-    shape, batch = step_shape(device, seq_len)
+    shape, batch = step_shape(device, seq_len, gpu_model)
     steps, modules = {}, {}
     for norm in names:
         modules[norm], steps[norm] = training_step(compose([*shape, f"norm={norm}"]), device, batch)
@@ -438,7 +442,7 @@ def main() -> None:
         if unknown or not sections:
             raise ConfigError(f"{f'unknown section {unknown[0]!r}' if unknown else 'no section'} in sections: choose "
                               f"from {', '.join(SECTIONS + CHECKS)}, e.g. sections=[norms,step]")
-        for key in ("scale", "seq_len", "repeats", "rows", "steps", "profile_steps"):
+        for key in ("scale", "seq_len", "repeats", "rows", "steps", "precision_steps", "profile_steps"):
             positive_int(key, cfg[key])
         if cfg.preflight_batch not in ("preset", "auto"):
             raise ConfigError(f"preflight_batch={cfg.preflight_batch}: give preset (each preset's micro-batch and one "
@@ -469,6 +473,10 @@ def main() -> None:
         except HydraException as e:
             raise ConfigError(f"norms={norms}: {str(e).splitlines()[0]} (conf/norm/, or a folder of yours given by "
                               "hydra.searchpath: docs/norms.md)") from None
+        try:
+            compose([f"model={cfg.step_model}"])
+        except HydraException as e:
+            raise ConfigError(f"step_model={cfg.step_model}: {str(e).splitlines()[0]} (conf/model/)") from None
         keep_freed_memory()  # as normlab-train does
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         rows = []
@@ -477,7 +485,17 @@ def main() -> None:
         if "norms" in sections:
             rows += bench_norms(device, cfg.rows, 10 * cfg.repeats, norms, at_most)
         if "step" in sections:
-            rows += bench_step(device, 4 * cfg.repeats, norms, at_most, cfg.seq_len)
+            rows += bench_step(device, 4 * cfg.repeats, norms, at_most, cfg.seq_len, cfg.step_model)
+        if "gains" in sections or "precision" in sections:
+            from normlab.cluster.gains import bench_gains, bench_precision
+
+            shape, batch = step_shape(device, cfg.seq_len, cfg.step_model)
+            if "gains" in sections:
+                rows += bench_gains(device, 4 * cfg.repeats, shape, batch, norms[0],
+                                    compose, training_step, interleaved)
+            if "precision" in sections:  # on a CPU the tiny model: 16-bit matmuls are emulated there, and slow
+                shape = shape if device.type == "cuda" else ["model=tiny", f"model.block_size={cfg.seq_len}"]
+                rows += bench_precision(device, cfg.precision_steps, shape, batch, norms[0], compose)
         if "prepare" in sections:
             rows += bench_prepare(cfg.scale)
         if "angles" in sections:
@@ -485,7 +503,7 @@ def main() -> None:
         if "profile" in sections:
             from normlab.cluster.profile import profile_steps
 
-            shape, batch = step_shape(device, cfg.seq_len)
+            shape, batch = step_shape(device, cfg.seq_len, cfg.step_model)
             module, step = training_step(compose([*shape, f"norm={norms[0]}"]), device, batch)
             what = f"{module.model.config.n_layer}-layer d={module.model.config.n_embd} {norms[0]}, {batch} sequences"
             rows += profile_steps(step, cfg.profile_steps, device, trace, what)

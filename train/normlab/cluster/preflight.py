@@ -82,6 +82,7 @@ def check(preset: str, device: torch.device, micro_batch: str = "preset") -> tup
     with tempfile.TemporaryDirectory() as tmp:
         cfg = preset_config(preset, [
             *size, "trainer.devices=1", "trainer.num_nodes=1", f"trainer.max_steps={warmup + measured}",
+            f"trainer.log_every_n_steps={warmup + measured}",  # one log line: no wait on the device between steps
             "+trainer.enable_checkpointing=false", "logger=csv", f"run_dir={tmp}",
         ])
         if micro_batch == "auto" and on_gpu:
