@@ -64,10 +64,16 @@ def test_compiled_blocks_train_like_eager_ones_and_keep_their_parameter_names():
     ("runtime.compile_mode=fast", "runtime.compile_mode=fast: give one of default, reduce-overhead, max-autotune, "
                                   "max-autotune-no-cudagraphs (torch.compile's modes; reduce-overhead replays CUDA "
                                   "graphs)"),
+    ("runtime.compile_mode=reduce-overhead", "runtime.compile_mode=reduce-overhead with runtime.compile=false "
+                                             "compiles nothing: set runtime.compile=model (or blocks), or leave "
+                                             "compile_mode at default"),
+    ("runtime.compile=model runtime.compile_mode=max-autotune strategy=fsdp",
+     "runtime.compile_mode=max-autotune replays CUDA graphs, which cannot hold the sharded strategy's gathers and "
+     "reduce-scatters: use default or max-autotune-no-cudagraphs with strategy=fsdp"),
     ("runtime.loss_chunk=0", "runtime.loss_chunk=0: give a positive whole number"),
     ("runtime.head_rows_multiple=1.5", "runtime.head_rows_multiple=1.5: give a positive whole number"),
 ])
 def test_a_bad_runtime_setting_is_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as refused:
-        check_train_config(compose_config("train", [override]))
+        check_train_config(compose_config("train", override.split()))
     assert str(refused.value) == message

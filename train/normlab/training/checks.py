@@ -247,15 +247,19 @@ def check_precision(trainer: DictConfig) -> None:
     algorithm = trainer.get("gradient_clip_algorithm")
     if algorithm not in (None, "norm", "value"):
         raise ConfigError(f"trainer.gradient_clip_algorithm={algorithm}: give norm, value or null (norm)")
-    strategy = trainer.strategy
-    if precision == "16-mixed" and isinstance(strategy, DictConfig) and "_target_" in strategy:
-        from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+    if precision == "16-mixed" and sharded(trainer.strategy):
+        raise ConfigError(f"trainer.precision=16-mixed with the sharded trainer.strategy {trainer.strategy._target_}: "
+                          "the gradient scaler checks each shard's gradients alone; use bf16-mixed, or strategy=ddp")
 
-        target = get_object(strategy._target_)
-        if isinstance(target, type) and issubclass(target, (FSDPStrategy, ModelParallelStrategy)):
-            raise ConfigError(f"trainer.precision=16-mixed with the sharded trainer.strategy {strategy._target_}: "
-                              "the gradient scaler checks each shard's gradients alone; use bf16-mixed, or "
-                              "strategy=ddp")
+
+def sharded(strategy) -> bool:
+    """Whether trainer.strategy is an object of a sharding strategy (FSDP, or Lightning's ModelParallelStrategy)."""
+    if not isinstance(strategy, DictConfig) or "_target_" not in strategy:
+        return False
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    target = get_object(strategy._target_)
+    return isinstance(target, type) and issubclass(target, (FSDPStrategy, ModelParallelStrategy))
 
 
 def finite(name: str, value) -> None:
@@ -349,6 +353,13 @@ def check_train_config(cfg: DictConfig) -> None:
     fraction("schedule.min_lr_ratio", cfg.schedule.min_lr_ratio)
     check_analysis(cfg.get("analysis") or {})
     check_runtime(cfg.runtime)
+    mode = cfg.runtime.get("compile_mode", "default")
+    if mode != "default" and not cfg.runtime.compile:
+        raise ConfigError(f"runtime.compile_mode={mode} with runtime.compile=false compiles nothing: set "
+                          "runtime.compile=model (or blocks), or leave compile_mode at default")
+    if mode in ("reduce-overhead", "max-autotune") and sharded(cfg.trainer.strategy):  # the modes with CUDA graphs
+        raise ConfigError(f"runtime.compile_mode={mode} replays CUDA graphs, which cannot hold the sharded strategy's "
+                          "gathers and reduce-scatters: use default or max-autotune-no-cudagraphs with strategy=fsdp")
     check_optimizer(cfg.optimizer)
     for key in ("max_steps", "val_check_interval", "num_nodes", "log_every_n_steps"):
         positive_int(f"trainer.{key}", cfg.trainer.get(key))
