@@ -288,8 +288,8 @@ def test_auto_micro_batch_fills_one_gpu_with_the_whole_step_or_says_what_to_chan
     unsplit = run_cli("normlab-train", "data.batch_size=auto", f"run_dir={tmp_path / 'run'}")
     assert unsplit.returncode == 2 and not (tmp_path / "run").exists()
     assert unsplit.stderr.strip().endswith(
-        "data.batch_size=auto needs global_batch_size and whole numbers of trainer.devices and trainer.num_nodes: "
-        "give them, or a number of sequences as data.batch_size")
+        "data.batch_size=auto needs positive whole numbers as global_batch_size, trainer.devices and "
+        "trainer.num_nodes: give them, or a number of sequences as data.batch_size")
 
 
 def test_auto_micro_batch_on_the_cpu_trains_a_devices_whole_share_and_records_the_number(prepared, tmp_path):

@@ -295,11 +295,11 @@ def resolve_micro_batch(cfg: DictConfig, model, gpu: GPU | None) -> str:
     from normlab.training.pipeline import gradient_accumulation
 
     global_batch, devices, nodes = cfg.get("global_batch_size"), cfg.trainer.devices, cfg.trainer.num_nodes
-    if global_batch is None or not isinstance(devices, int) or not isinstance(nodes, int):
-        raise ConfigError("data.batch_size=auto needs global_batch_size and whole numbers of trainer.devices and "
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (global_batch, devices, nodes)):
+        raise ConfigError("data.batch_size=auto needs positive whole numbers as global_batch_size, trainer.devices and "
                           "trainer.num_nodes: give them, or a number of sequences as data.batch_size")
     per_gpu, remainder = divmod(global_batch, devices * nodes)
-    if remainder or per_gpu < 1:
+    if remainder:
         raise ConfigError(f"global_batch_size={global_batch} does not split evenly over trainer.devices={devices} x "
                           f"trainer.num_nodes={nodes}: choose values whose product divides it")
     cfg.data.batch_size = per_gpu
