@@ -254,9 +254,10 @@ def test_normlab_angles_finds_the_converted_norm_inputs_at_90_degrees_to_1(sweep
                               f"of `normlab-angles model_path={converted_run}` as csvs=[...]\n")
     reported = run_cli("normlab-report", f"csvs=[{tmp_path / 'angles.csv'}]", f"out={tmp_path / 'report'}")
     assert reported.returncode == 0, reported.stderr[-3000:]
-    (row,) = [line for line in (tmp_path / "report" / "summary.md").read_text().splitlines()
-              if line.startswith("| ln-rms ")]
-    assert "| rmsnorm_bias | 1 | 6 |" in row and "90.00°)" in row, row
+    summary = (tmp_path / "report" / "summary.md").read_text().splitlines()
+    (row,) = [line for line in summary if line.startswith("| ln-rms ")]
+    (words,) = [line for line in summary if line.startswith("- ln-rms ")]
+    assert "| rmsnorm_bias | 1 | 6 |" in row and "90.00°)" in words, (row, words)
 
 
 def test_normlab_ablate_finds_that_centring_the_converted_model_changes_nothing(converted_run):

@@ -110,9 +110,10 @@ def write_ablation(run_dir: Path, delta: float, low: float, high: float, site_de
               ABLATION_COLUMNS + list(columns))
 
 
-def report(*args: str, figures: bool = False) -> None:
-    """normlab-report with `args`; its figures only where a test reads them (drawing them is most of its time)."""
-    main(compose_config("report", [*args, f"figures={str(figures).lower()}"]))
+def report(*args: str, figures: bool = False, wandb: bool = False) -> None:
+    """normlab-report with `args`; its figures and wandb run only where a test reads them (drawing them is most of
+    its time)."""
+    main(compose_config("report", [*args, f"figures={str(figures).lower()}", f"wandb={str(wandb).lower()}"]))
 
 
 def png_width(path: Path) -> int:
@@ -151,13 +152,13 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
 
     summary = (tmp_path / "out/summary.md").read_text()
     # differences 0.02, 0.03, 0.01: mean 0.02 +- 4.3027 x 0.01 / sqrt(3) = 0.0248; t = 3.464 on 2 df: p 0.0742, alone
-    # in its family (Holm changes nothing); 3 of 3 above 0: sign test 0.25; (4.3027 + t_0.8 1.0607) x 0.00577 = 0.0310
-    assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
-            "(t over 3 seeds, 2 df), Holm [-0.0048, +0.0448], p 0.0742: includes 0; above 0 in 3 of 3 seeds (sign "
-            "test p 0.25); 80% power at ±0.0310 |") in summary
+    # in its family (its simultaneous interval is the same); 3 of 3 above 0: sign test 0.25; 80% power at 0.0326
+    # (the exact noncentral t at 0.05, se 0.00577 on 2 df; the t-quantile formula said 0.0310)
+    assert ("| tiny | rmsnorm − layernorm | 3 | +0.0200 | [-0.0048, +0.0448] | [-0.0048, +0.0448] | 0.074 | 3 | "
+            "0.0326 |") in summary
     assert ("| rmsnorm − layernorm (the bias differs too) | paired t | 3 (0, 1, 2) | +0.0200, +0.0300, +0.0100 | "
-            "+0.0200 | [-0.0048, +0.0448] (2 df) | Holm [-0.0048, +0.0448], p 0.0742 | no | 3 of 3 (0.25) | ±0.0310 |"
-            ) in summary
+            "+0.0200 | [-0.0048, +0.0448] (2 df) | simultaneous [-0.0048, +0.0448], Holm p 0.0742 | no | 3 of 3 (0.25) "
+            "| ±0.0326 |") in summary
     assert "| tiny-rmsnorm-seed3 | rmsnorm | 3 |" in summary and "| 6 of 10 |" in summary
     assert "**unfinished: step 6 of 10: left out**" in summary
     assert "Final val loss: the mean of a run's last 1 validation (step 10)." in summary  # of the compared runs
@@ -165,9 +166,10 @@ def test_report_pairs_by_seed_flags_unfinished_runs_and_skips_replaced_ones(tmp_
     assert "tiny-rmsnorm-seed1.replaced-20250101-000000" in summary.split("## tiny")[0]  # listed as skipped
     assert "9.9" not in summary
     # the final norm's input at 91 degrees: 1 / (7.16 / sqrt(10000)) = +14.0 null sds of independent tokens (‡)
-    assert ("| +14.0 (final, 91.00°)‡§, largest of 5 sites; sign-invariant: unavailable¶ | 0.0500 (final; 1/d = "
-            "0.0156; no percentile¶) | centred: +0.0123 [+0.0100, +0.0146] (bootstrap over windows); 2 runs not "
-            "ablated |") in summary
+    assert "| tiny | rmsnorm | 3 | 10 | +14.0 | — | — | — | 0.0500 | — | +0.0123 | [+0.0100, +0.0146] |" in summary
+    assert ("angles: +14.0 (final, 91.00°)‡§, largest of 5 sites; sign-invariant: unavailable¶. Share along 1: 0.0500 "
+            "(final; 1/d = 0.0156; no percentile¶). Ablation: centred: +0.0123 [+0.0100, +0.0146] (bootstrap over "
+            "windows); 2 runs not ablated.") in summary
     assert "¶ no sign-invariant statistic nor share percentile" in summary and "has no null_random_cos2" in summary
     assert f"not run (normlab-ablate model_path={sweep / 'tiny-layernorm-seed0'})" in summary
     assert "‡ null sd of a mean over independent tokens" in summary and "† demo scale: not evidence" in summary
@@ -194,11 +196,12 @@ def test_figures_false_writes_the_tables_and_numbers_and_no_figure(tmp_path, cap
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")  # figures=false
 
     out = tmp_path / "out"
-    assert "rmsnorm − layernorm" in (out / "summary.md").read_text() and (out / "comparisons.csv").is_file()
+    assert "rmsnorm − layernorm" in (out / "summary.md").read_text() and (out / "verdict_comparisons.csv").is_file()
     assert not list(out.glob("*.png")) and not list(out.glob("*.pdf")) and "![" not in (out / "summary.md").read_text()
     assert "wrote summary.md, no figures (figures=false) and its numbers" in capsys.readouterr().out
-    with pytest.raises(AnalysisError, match=r"^figures=maybe: give true or false$"):
-        main(compose_config("report", [f"runs={tmp_path / 'sweep'}", "figures=maybe", f"out={tmp_path / 'x'}"]))
+    for option in ("figures", "wandb"):
+        with pytest.raises(AnalysisError, match=rf"^{option}=maybe: give true or false$"):
+            main(compose_config("report", [f"runs={tmp_path / 'sweep'}", f"{option}=maybe", f"out={tmp_path / 'x'}"]))
     assert not (tmp_path / "x").exists()
 
 
@@ -214,9 +217,10 @@ def test_the_ablation_of_several_seeds_gives_a_t_interval_over_seeds_each_seed_a
 
     summary = (tmp_path / "out/summary.md").read_text()
     # 0.01 and 0.03: mean 0.02, sd 0.01414, half-width 12.7062 x 0.01414 / sqrt 2 = 0.1271; seed 1 ablated at step 8
-    assert ("| centred: +0.0200 [-0.1071, +0.1471] (t over 2 seeds) (step 8, 10); per seed: seed 0 +0.0100 "
+    assert "| tiny | rmsnorm | 2 | 10 | +0.0 | — | — | — | 0.0500 | — | +0.0200 | [-0.1071, +0.1471] |" in summary
+    assert ("Ablation: centred: +0.0200 [-0.1071, +0.1471] (t over 2 seeds) (step 8, 10); per seed: seed 0 +0.0100 "
             "[+0.0080, +0.0120] (bootstrap over windows), seed 1 +0.0300 [+0.0250, +0.0350] (bootstrap over blocks of "
-            "4096 tokens); sign changes between seeds at 1 of 1 sites (layer00.attn_norm) |") in summary
+            "4096 tokens); sign changes between seeds at 1 of 1 sites (layer00.attn_norm).") in summary
     assert "mean of 2 seeds" not in summary  # the range of two seeds is no interval
 
 
@@ -246,16 +250,18 @@ def test_the_angle_cell_weighs_the_largest_site_against_the_largest_of_random_di
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
     summary = (tmp_path / "out/summary.md").read_text()
-    (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
+    (row,) = [line for line in summary.splitlines() if line.startswith("- tiny†, rmsnorm (")]
     # the final norm's input 1 degree off 90 in both seeds: about 7 sds of the average of two runs' direction means
     # (0.2 / sqrt 2), beyond every one of the 39 directions' largest site: p = 1 / 40
     # seed 1, picked as the more extreme of 2 runs: 1 - (1 - 0.025)^2 = 0.049
-    found = re.search(r"\| signed: \+(\d+\.\d) at final \(91\.00°\), largest of 5 sites: p 0\.025 \(5% threshold "
-                      r"(\d\.\d); 39 directions\); most extreme run: seed 1, \+(\d+\.\d) at 0 attn \(p 0\.025 for "
-                      r"one run; 0\.049 for the most extreme of 2, Šidák\); sign-invariant: unavailable¶ \|", row)
+    found = re.search(r"angles: signed: \+(\d+\.\d) at final \(91\.00°\), largest of 5 sites: p 0\.025 \(5% "
+                      r"threshold (\d\.\d); 39 directions\); most extreme run: seed 1, \+(\d+\.\d) at 0 attn "
+                      r"\(p 0\.025 for one run; 0\.049 for the most extreme of 2, Šidák\); sign-invariant: "
+                      r"unavailable¶\. ", row)
     assert found, row
     z, threshold, seed_z = map(float, found.groups())
     assert 5 < z < 10 and 2 < threshold < 4 and 6 < seed_z < 11  # 1.6 / 0.2 = 8 for seed 1 alone
+    assert f"| tiny | rmsnorm | 2 | 10 | +{z:.1f} | 0.025 | — | — |" in summary  # the verdict's table: its numbers
     assert "(step" not in row  # the angles are of the loss's step
     assert "§" not in row  # (the LayerNorm runs' angles.csv, without the direction means, have the § footnote)
 
@@ -275,14 +281,16 @@ def test_the_angle_cell_finds_opposite_signs_by_their_cos2_and_the_share_cell_pl
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
     summary = (tmp_path / "out/summary.md").read_text()
-    (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
-    angle, share = row.split(" | ")[5:7]
+    (row,) = [line for line in summary.splitlines() if line.startswith("- tiny†, rmsnorm (")]
+    angle, share = re.search(r"angles: (.*)\. Share along 1: (.*)\. Ablation: ", row).groups()
     signed = re.match(r"signed: [+-]\d+\.\d at [^:]+: p (\d\.\d{3}) \(5% threshold \d\.\d; 99 directions\); most "
                       r"extreme run: seed [01], [+-]\d+\.\d at 1 attn \(p 0\.010 for one run; 0\.020 for the most "
                       r"extreme of 2, Šidák\); sign-invariant, mean cos² along 1 \(Stouffer over 2 runs\): "
                       r"\+(\d+\.\d) at 1 attn, largest of 5 sites: p 0\.010 \(5% threshold \d\.\d\)$", angle)
     assert signed, angle
     assert float(signed[1]) > 0.05 and float(signed[2]) > 3  # the signed average cancels; cos² does not
+    (numbers,) = [line for line in summary.splitlines() if line.startswith("| tiny | rmsnorm |")]
+    assert numbers.split(" | ")[5:10] == [signed[1], f"+{signed[2]}", "0.010", share[:6], "100"]
     assert re.fullmatch(r"0\.\d{4} \(1 attn\): percentile 100\.0 of 99 random directions' shares there \(their "
                         r"median 0\.\d{4}; 1/d = 0\.0312\)", share), share
     assert "¶" not in row and "¶ no sign-invariant statistic" in summary  # the LayerNorm runs' files lack it
@@ -295,8 +303,8 @@ def test_angles_of_another_step_than_the_loss_say_so(tmp_path):
     report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}")
 
     (row,) = [line for line in (tmp_path / "out/summary.md").read_text().splitlines()
-              if line.startswith("| tiny† | rmsnorm |")]
-    assert "| 10 |" in row and "39 directions) (step 8);" in row  # the loss of step 10, the angles of step 8
+              if line.startswith("- tiny†, rmsnorm (")]
+    assert "step 10)" in row and "39 directions) (step 8);" in row  # the loss of step 10, the angles of step 8
 
 
 def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
@@ -312,11 +320,13 @@ def test_pretrained_models_csvs_get_figures_and_verdict_rows(tmp_path):
 
     summary = (tmp_path / "out/summary.md").read_text()
     # the angle: (91 - 90) / 0.5 null sd
-    assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | pretrained: no loss comparison | +2.0 (final, 91.00°)§, "
-            "largest of 5 sites; sign-invariant: unavailable¶ | 0.0200 (final; 1/d = 0.0156; no percentile¶) | "
-            "uncentred: +0.0050 [+0.0040, +0.0060] (bootstrap over windows) |") in summary
-    assert ("| pythia-70m (pretrained) | norm not recorded | 1 | 0 | pretrained: no loss comparison | "
-            "-14.0 (final, 89.00°)‡§, largest of 5 sites") in summary
+    assert ("| gpt2-small (pretrained) | layernorm | 1 | 0 | +2.0 | — | — | — | 0.0200 | — | +0.0050 | "
+            "[+0.0040, +0.0060] |") in summary
+    assert ("- gpt2-small (pretrained), layernorm (step 0; no loss comparison): angles: +2.0 (final, 91.00°)§, "
+            "largest of 5 sites; sign-invariant: unavailable¶. Share along 1: 0.0200 (final; 1/d = 0.0156; no "
+            "percentile¶). Ablation: uncentred: +0.0050 [+0.0040, +0.0060] (bootstrap over windows).") in summary
+    assert ("- pythia-70m (pretrained), norm not recorded (step 0; no loss comparison): angles: -14.0 (final, "
+            "89.00°)‡§, largest of 5 sites") in summary
     assert "not run (normlab-ablate model_path=<the model's directory>)" in summary
     for name in ("angles_by_layer_pretrained-gpt2-small", "references_pretrained-pythia-70m",
                  "ablation_pretrained-gpt2-small"):
@@ -368,10 +378,11 @@ def test_values_that_are_not_finite_are_named_once_per_file_and_left_out_of_ever
     # seeds 0 and 1 paired: 0.01 and 0.02
     assert ("| rmsnorm − layernorm (the bias differs too) | paired t | 2 (0, 1) | +0.0100, +0.0200 | +0.0150 |"
             in summary)
-    (row,) = [line for line in summary.splitlines() if line.startswith("| tiny† | rmsnorm |")]
-    angle = row.split(" | ")[5]  # seed 0 lacks a site now: the largest of the sites without the null of the largest
-    assert angle.startswith("+8.6 (final, 91.00°)§, largest of 5 sites")  # not the site left out: 0 attn
-    assert "centred: +0.0100 [+0.0080, +0.0120] (bootstrap over windows); 1 run not ablated |" in row
+    (row,) = [line for line in summary.splitlines() if line.startswith("- tiny†, rmsnorm (")]
+    # seed 0 lacks a site now: the largest of the sites without the null of the largest; not the site left out (0 attn)
+    assert "angles: +8.6 (final, 91.00°)§, largest of 5 sites" in row
+    assert "centred: +0.0100 [+0.0080, +0.0120] (bootstrap over windows); 1 run not ablated." in row
+    assert "| tiny | rmsnorm | 2 | 10 | +8.6 | — | — | — | 0.0156 | — | +0.0100 | [+0.0080, +0.0120] |" in summary
 
 
 def converted(root: Path, name: str, step: int = 10) -> Path:

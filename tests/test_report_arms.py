@@ -3,6 +3,7 @@ make_run): runs grouped by their settings, never by their names; the centring x 
 a user's norm against the reference; declared pairs; norms of one name; configs written by older normlab."""
 
 import re
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,33 @@ from omegaconf import OmegaConf
 from conftest import written_before
 from normlab.interop.evaluate import CSV_COLUMNS
 from normlab.probe.table import AnalysisError
-from normlab.study.report.groups import Declared, group_runs
+from normlab.study.report.groups import Declared, group_runs, screen
 from normlab.study.report.runs import find_runs
 from test_report import make_run, report, user_norm_run, write_ablation, write_csv
+
+
+def test_screening_and_pairing_are_pure_functions_of_the_runs(tmp_path):
+    """screen() gives each run left out its reason (unfinished, a replicate, did not learn) as a copy, and pairs the
+    rest; group_runs changes nothing it is given, and the same runs give the same frozen groups twice."""
+    for seed in (0, 1):
+        make_run(tmp_path / "a", f"tiny-layernorm-seed{seed}", "layernorm", seed, 3.0)
+        make_run(tmp_path / "a", f"tiny-rmsnorm-seed{seed}", "rmsnorm", seed, 3.01)
+    make_run(tmp_path / "b", "tiny-rmsnorm-seed0", "rmsnorm", 0, 3.02, steps=6)  # unfinished
+    make_run(tmp_path / "c", "tiny-layernorm-seed1", "layernorm", 1, 3.0)  # a replicate of a's
+    runs, _ = find_runs([tmp_path])
+    screened = screen(runs, learning_check=True)
+    reasons = {r.name: r.left_out for r in screened.runs if r.left_out}
+    assert reasons == {"b/tiny-rmsnorm-seed0": "unfinished: step 6 of 10: left out",
+                       "c/tiny-layernorm-seed1": "same settings, norm and seed as a/tiny-layernorm-seed1: a "
+                                                 "replicate, left out"}
+    assert all(not r.left_out and not r.note for r in runs)  # the runs given: unchanged
+    assert sorted(len(kept) for kept in screened.kept.values()) == [2, 2]
+    first, second = group_runs(runs), group_runs(runs)
+    assert [(g.settings, [r.left_out for r in g.runs], [c.label for c in g.comparisons]) for g in first] == [
+        (g.settings, [r.left_out for r in g.runs], [c.label for c in g.comparisons]) for g in second]
+    with pytest.raises(FrozenInstanceError):
+        first[0].comparisons = ()
+    assert all(not r.left_out for r in runs)
 
 
 def test_runs_are_grouped_by_their_settings_never_by_their_names(tmp_path):
@@ -68,7 +93,9 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tm
     assert "| with | layernorm: 3.0500 | rmsnorm_bias: 3.0750 |" in summary
     assert "| without | layernorm_nobias: 3.0650 | rmsnorm: 3.0625 |" in summary
     assert ("| **primary**: centring, averaged over bias (uncentred − centred) | +0.0112 [-0.0007, +0.0232] "
-            "(t over 2 seeds, 3 df) | Holm [-0.0070, +0.0295], p 0.173 |") in summary
+            "(t over 2 seeds, 3 df) | simultaneous [-0.0107, +0.0332], Holm p 0.173 |") in summary
+    # none of the 5 rejected: every simultaneous interval at 0.05 / 5 (± 5.1765 x 0.00375 for the centring)
+    assert "| tiny | centring (2x2) ★ | 2 | +0.0112 | [-0.0007, +0.0232] | [-0.0107, +0.0332] | 0.17 | 2 |" in summary
     assert "| interaction (the centring's effect with a bias − without) | +0.0275 [+0.0036, +0.0514]" in summary
     assert ("| rmsnorm_bias − layernorm (with bias) | 2x2 factorial blocked by seed, pooled residual | 2 (0, 1) | "
             "+0.0300, +0.0200 | +0.0250 | [+0.0081, +0.0419] (3 df) |") in summary
@@ -103,12 +130,7 @@ def test_the_paper_pair_says_that_the_bias_differs_too_and_has_no_2x2_table(tmp_
 
 DYT = "dyt − layernorm (a point-wise layer in place of layernorm)"  # DyT's comparison with the reference
 # the verdict's header before DyT: a report without DyT keeps it
-OLD_HEADER = ("| model | norm | runs | step | final val loss, uncentred − centred, paired by seed: mean [95% t "
-              "interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same mean "
-              "to random directions, against the largest of all sites; beside it the same for the mean cos² along 1, "
-              "blind to its sign | largest share of ‖x‖² along 1 at the norm inputs, with its percentile among "
-              "random directions' shares | ablation at every norm (centring removed from LN, added to RMS): Δ loss "
-              "[95% interval: t over seeds, bootstrap for one run] |")
+TABLE_HEADER = "| model | comparison | n | Δ | 95% CI | simult. CI | p Holm | >0 | MDE |"
 
 
 def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_path):
@@ -137,23 +159,19 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     assert dyt.differences == pytest.approx([0.20, 0.15, 0.30])
     summary = (tmp_path / "out/summary.md").read_text()
     # by hand: 0.20, 0.15, 0.30: mean 0.2167, sd 0.0764, half-width 4.3027 x 0.0764 / sqrt 3 = 0.1897; t = 4.91 on 2
-    # df, p 0.039: first of the family of two, at 0.025: ± 6.2053 x 0.0441 = [-0.0570, +0.4903], p 2 x 0.039; the
-    # other (p 0.0742) then at 0.05, its adjusted p no smaller than the first's
-    assert (f"| tiny† | dyt | 3 | 10 | {DYT}: +0.2167 [+0.0269, +0.4064] (t over 3 seeds, 2 df), Holm [-0.0570, "
-            "+0.4903], p 0.078: excludes 0 alone, not after Holm; above 0 in 3 of 3 seeds (sign test p 0.25); 80% "
-            "power at ±0.2365 | +0.0 (0 attn, 90.00°)‡§, largest of 5 sites"
-            "; sign-invariant: unavailable¶ | 0.0500 (final; 1/d = 0.0156; no percentile¶) | "
-            "centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap "
-            "over windows); 2 runs not ablated |") in summary
+    # df, p 0.039; rmsnorm − layernorm p 0.0742. Neither rejected (2 x 0.039 > 0.05): both simultaneous intervals at
+    # 0.05 / 2: ± 6.2053 x 0.0441 = [-0.0570, +0.4903] and ± 6.2053 x 0.00577 = [-0.0158, +0.0558] (the interval once
+    # called Holm's gave the second its raw [-0.0048, +0.0448]); Holm p 2 x 0.039 for both (step-down)
+    assert "| tiny | dyt − layernorm | 3 | +0.2167 | [+0.0269, +0.4064] | [-0.0570, +0.4903] | 0.078 | 3 |" in summary
+    assert ("| tiny | rmsnorm − layernorm | 3 | +0.0200 | [-0.0048, +0.0448] | "
+            "[-0.0158, +0.0558] | 0.078 | 3 |") in summary
+    assert "| tiny | dyt | 3 | 10 | +0.0 | — | — | — | 0.0500 | — | +0.2000 | [+0.1500, +0.2500] |" in summary
+    assert ("Ablation: centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap over windows); 2 "
+            "runs not ablated.") in summary
     assert (f"| {DYT} | paired t | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | [+0.0269, +0.4064] (2 df) "
-            "| Holm [-0.0570, +0.4903], p 0.078 | no | 3 of 3 (0.25) | ±0.2365 |") in summary
-    assert ("| tiny† | rmsnorm | 3 | 10 | rmsnorm − layernorm (the bias differs too): +0.0200 [-0.0048, +0.0448] "
-            "(t over 3 seeds, 2 df), Holm [-0.0048, +0.0448], p 0.078: includes 0;") in summary  # in DyT's family
-    assert "| tiny† | layernorm | 3 | 10 | reference |" in summary
+            "| simultaneous [-0.0570, +0.4903], Holm p 0.078 | no | 3 of 3 (0.25) |") in summary
     text = " ".join(summary.split())
-    assert "final val loss, uncentred − centred (dyt: − layernorm), paired by seed" in text
-    assert ("ablation at every norm (centring removed from LN, added to RMS and before the point-wise map of "
-            "dyt)") in text
+    assert "### Evaluation (normlab-eval), uncentred − centred (dyt: − layernorm), paired by seed" in summary
     assert ("rmsnorm − layernorm (the bias differs too): these runs differ in the bias as well as in the centring "
             "(layernorm has a bias β, rmsnorm none)") in text
     assert "in place of layernorm): these runs differ" not in text  # the bias note is the centring's
@@ -196,9 +214,10 @@ def test_a_users_norm_beside_rmsnorm_is_no_replicate_and_is_compared_with_the_re
          pytest.approx([0.05, 0.02]))]
     summary = (tmp_path / "out/summary.md").read_text()
     # 0.05, 0.02: mean 0.035, sd 0.0212, half-width 12.7062 x 0.0212 / sqrt 2 = 0.1906
-    assert ("| tiny† | scalenorm | 2 | 10 | scalenorm − layernorm (another norm in place of layernorm; the bias "
-            "differs too): +0.0350 [-0.1556, +0.2256] (t over 2 seeds, 1 df), Holm [") in summary
-    assert "final val loss, uncentred − centred (scalenorm: − layernorm), paired by seed" in summary
+    assert ("| tiny | scalenorm − layernorm | 2 | +0.0350 | [-0.1556, +0.2256] | "
+            "[-0.3468, +0.4168] | 0.26 | 2 |") in summary
+    assert ("| scalenorm − layernorm (another norm in place of layernorm; the bias differs too) | paired t | 2 (0, 1) "
+            "| +0.0500, +0.0200 | +0.0350 | [-0.1556, +0.2256] (1 df) | simultaneous [") in summary
     # RMSNorm's 6,540,864 parameters less 63 at each of its 5 norms (one scalar gain for 64)
     assert "| scalenorm-seed1 | scalenorm | 1 | 6,540,549 |" in summary and "point-wise" not in summary
 
@@ -214,10 +233,11 @@ def test_declared_pairs_or_reference_are_what_is_compared_and_a_name_no_run_has_
     table = summary.split("### Final validation loss, paired by seed")[1].split("###")[0]
     assert [row.split(" | ")[0] for row in table.splitlines() if " − " in row] == [f"| {by_rmsnorm}"]  # it alone
     # 0.03, -0.01: mean 0.01, sd 0.0283, half-width 12.7062 x 0.0283 / sqrt 2 = 0.2541
-    assert (f"| tiny† | scalenorm | 2 | 10 | {by_rmsnorm}: +0.0100 [-0.2441, +0.2641] (t over 2 seeds, 1 df), "
-            "Holm [") in summary and "above 0 in 1 of 2 seeds (sign test p 1)" in summary
-    assert "| tiny† | layernorm | 2 | 10 | no pair |" in summary
-    assert "| tiny† | rmsnorm | 2 | 10 | reference |" in summary
+    assert ("| tiny | scalenorm − rmsnorm | 2 | +0.0100 | [-0.2441, +0.2641] | "
+            "[-0.2441, +0.2641] | 0.7 | 1 |") in summary
+    assert (f"| {by_rmsnorm} | paired t | 2 (0, 1) | +0.0300, -0.0100 | +0.0100 | [-0.2441, +0.2641] (1 df) "
+            "|") in summary
+    assert "| 1 of 2 (1) |" in summary  # its seeds above 0 and their sign test
     assert [(c.label, c.differences) for c in group.comparisons] == [  # the 2x2 as before, then the reference's
         ("rmsnorm − layernorm (the bias differs too)", pytest.approx([0.02, 0.03])),
         (by_rmsnorm, pytest.approx([0.03, -0.01]))]
@@ -256,9 +276,11 @@ def kept_in_order(lines: list[str], within: list[str]) -> bool:
 def unadjusted(summary: str) -> list[str]:
     """The lines of summary.md with what depends on the size of the family masked: the Holm-adjusted intervals and
     p, what they say of 0, and the family's size."""
-    for pattern in (r"Holm \[[^\]]*\], p [^ :|]+", r"\*\*excludes 0 after Holm\*\*|excludes 0 alone, not after Holm",
-                    r"\| (no|\*\*yes\*\*) \| (?=\d+ of)", r"The family: \d+ comparisons"):
-        summary = re.sub(pattern, "…", summary)
+    for pattern in (r"simultaneous \[[^\]]*\], Holm p [^ :|]+", r"\*\*excludes 0 after Holm\*\*|excludes 0 alone, "
+                    r"not after Holm", r"\| (no|\*\*yes\*\*) \| (?=\d+ of)", r"The family: \d+ comparisons",
+                    r"after Holm at ±[^ |)]+", r"\| ±[^ |]+ \|", r"all \d+ of the family", r"0\.05/\d+",
+                    r"(?<=\] \| )\[[^\]]*\] \| [^|]+ \| \d+ \| [^|]+ \|$"):  # a verdict row's simultaneous CI, p, MDE
+        summary = re.sub(pattern, "…", summary, flags=re.MULTILINE)
     return summary.splitlines()
 
 
@@ -283,13 +305,12 @@ def test_dyt_beside_the_2x2_sweep_is_no_replicate_of_rmsnorm_bias_and_only_adds_
     assert group.comparisons[2].differences == pytest.approx([0.25, -0.05])
     without = unadjusted((tmp_path / "without/summary.md").read_text())
     with_dyt = unadjusted((tmp_path / "with/summary.md").read_text())
-    assert OLD_HEADER in without and "dyt" not in " ".join(without).replace(str(tmp_path), "").lower()
+    assert TABLE_HEADER in without and "dyt" not in " ".join(without).replace(str(tmp_path), "").lower()
     # DyT adds rows, a comparison (to the family, so the Holm-adjusted numbers grow), its note and its columns of the
     # per-layer table; the 2x2 table and every other line stay as they were
-    assert kept_in_order([line for line in without if line != OLD_HEADER], with_dyt)
-    assert not kept_in_order(without, with_dyt)  # (the header alone names DyT)
+    assert kept_in_order(without, with_dyt)
     assert "| with | layernorm: 3.0500 | rmsnorm_bias: 3.0750 |" in with_dyt
-    assert f"| tiny† | dyt | 2 | 10 | {DYT}: +0.1000 [" in "\n".join(with_dyt)
+    assert any(line.startswith("| tiny | dyt − layernorm | 2 | +0.1000 |") for line in with_dyt)
 
 
 def test_dyt_without_a_bias_is_compared_with_the_reference_unless_a_pair_is_declared(tmp_path):

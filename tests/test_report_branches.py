@@ -15,7 +15,7 @@ import pytest
 from normlab.study.report.contrasts import family, group_family, primary_of
 from normlab.study.report.figures import STYLE, branch_figure, loss_differences_figure, losses_figure
 from normlab.study.report.groups import group_runs
-from normlab.study.report.intervals import holm
+from normlab.study.report.intervals import simultaneous
 from normlab.study.report.runs import find_runs
 from test_angle_shares import PLANTED, measured_table, seed_inputs
 from test_report import make_run, report, write_csv
@@ -119,7 +119,7 @@ def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_fr
     assert [g.branch_step for g in groups] == [4, 6]
     plain = [c.interval for g in groups for c in group_family(g, primary_of(g))]
     members = family(groups)
-    assert [m.interval.holm_p for m in members] == pytest.approx([i.holm_p for i in holm(plain)])
+    assert [m.interval.holm_p for m in members] == pytest.approx([i.holm_p for i in simultaneous(plain)])
     assert len(members) == 6 and sum(m.primary for m in members) == 2  # each K's uncentred − centred
 
     summary = (reported / "out/summary.md").read_text()
@@ -131,10 +131,14 @@ def test_each_k_is_a_group_in_one_holm_family_and_the_report_gives_every_step_fr
     assert converted_at[4].startswith("+0.0000 [+0.0000, +0.0000]")  # one function at K
     assert converted_at[6].startswith("+0.0260 [")  # (0.05 + 0.002 seed) / 2, over seeds 0-2
     # the control's final differences, 3e-7 (seed − 1): ±4.3027 x 3e-7 / sqrt(3), in digits that show it
-    control = next(line for line in summary.splitlines() if "| rmsnorm_bias (zero-mean writers) − layernorm" in line)
-    assert re.search(r"training\): [+-]\d\.\de[+-]\d\d \[-7\.5e-07, \+7\.5e-07\] \(t over 3 seeds", control)
-    with open(reported / "out/comparisons.csv") as f:  # the CSV keeps what 4 decimals would round away
-        (floor,) = [r for r in csv.DictReader(f) if "control" in r["comparison"] and "=4" in r["group"]]
+    control = next(line for line in summary.splitlines()
+                   if line.startswith("| tiny (branch.step=4) | control |"))
+    assert control.split(" | ")[4] == "[-7.5e-07, +7.5e-07]"  # its 95% CI, in the verdict's table
+    verdict_rows = [line for line in summary.splitlines() if line.startswith("| tiny (branch.step=")]
+    # 3 comparisons and 4 arms a K, each row about 120 characters at most (a branch group's title is long)
+    assert len(verdict_rows) == 2 * (3 + 4) and max(map(len, verdict_rows)) <= 125
+    with open(reported / "out/verdict_comparisons.csv") as f:  # the CSV keeps what 4 decimals would round away
+        (floor,) = [r for r in csv.DictReader(f) if "control" in r["label"] and "=4" in r["model"]]
     assert [float(v) for v in floor["per_seed"].split()] == pytest.approx([-3e-7, 0, 3e-7], abs=1e-12)
     with open(reported / "out/branch_losses.csv") as f:
         found = [r for r in csv.DictReader(f) if r["branch_step"] == "6" and r["step"] == "8"]

@@ -13,7 +13,7 @@ from matplotlib.colors import to_rgba
 
 from conftest import compose_config
 from normlab.probe.figure import angles_by_layer_figure
-from normlab.study.report.contrasts import factorial, family
+from normlab.study.report.contrasts import factorial, family, intervals_of
 from normlab.study.report.figures import (
     STYLE,
     UNIGRAM_LABEL,
@@ -168,8 +168,8 @@ def test_the_final_differences_figure_draws_the_interval_its_table_prints(tmp_pa
             make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, loss + seed / 10 + noise.get((norm, seed), 0.0))
     group = group_of(tmp_path)
     paired = {(c.interval.low, c.interval.high) for c in group.comparisons}
-    family([group])  # as normlab-report does before its tables and figures
-    (ax,) = loss_differences_figure(group).axes
+    members = family([group])  # as normlab-report does before its tables and figures, which it hands them
+    (ax,) = loss_differences_figure(group, intervals_of(members, group)).axes
     bars = [c.lines[2][0].get_segments()[0] for c in ax.containers if c.get_label().startswith("mean, t 95%")]
     effects = factorial(group)
     assert not {(low, high) for (_, low), (_, high) in bars} & paired

@@ -1,10 +1,11 @@
-"""The report's statistics on planted cases whose answer is known: Student's t and Holm's correction against printed
-values and the issue's worked example, the exact sign test, the smallest detectable difference by simulation, the
+"""The report's statistics on planted cases whose answer is known: Student's t against printed values, the exact sign
+test (the simultaneous intervals, power and detectable difference: test_report_intervals.py), the
 centring x bias factorial against an independent least-squares fit, the sign of a difference along training, the
 final loss as a mean of the last validations, and the learning check against token frequencies."""
 
 import csv
 import math
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from normlab.data.unigram import SMOOTHING, cross_entropy, held_out_loss
 from normlab.probe.table import AnalysisError
 from normlab.study.report.contrasts import factorial, family, sign_along_training
 from normlab.study.report.groups import Declared, group_runs
-from normlab.study.report.intervals import POWER, Interval, holm, sign_test_p, t_cdf, t_quantile, two_sided_p
+from normlab.study.report.intervals import Interval, sign_test_p, simultaneous, t_cdf, t_quantile, two_sided_p
 from normlab.study.report.runs import find_runs
 from normlab.study.report.tables import final_loss_note
 from test_report import make_run, report, write_csv
@@ -31,28 +32,14 @@ def test_t_distribution_at_any_level_against_printed_tables():
     assert two_sided_p(4.3026527, 2) == pytest.approx(0.05, abs=1e-7)
 
 
-def test_holm_reproduces_the_issues_two_centring_comparisons():
-    """rmsnorm − layernorm_nobias, -0.0182 with t = -4.84 on 2 df: [-0.0344, -0.0020], p 0.040; Holm over it and a
-    second comparison with a larger p tests it first, at 0.025: [-0.0415, +0.0051]."""
-    first = Interval.with_se(3, -0.0182, 0.0065, 0.0182 / 4.84, 2)
-    second = Interval.with_se(3, 0.02, 0.03, 0.02, 2)
-    assert (round(first.low, 4), round(first.high, 4), round(first.p, 3)) == (-0.0344, -0.0020, 0.040)
-    adjusted, other = holm([first, second])
-    assert (round(adjusted.holm_low, 4), round(adjusted.holm_high, 4)) == (-0.0415, 0.0051)
-    assert adjusted.holm_p == pytest.approx(2 * first.p) and adjusted.holm_excludes_zero is False
-    assert adjusted.excludes_zero is True  # alone it does: the bold goes by the adjusted one
-    assert other.holm_p == pytest.approx(max(2 * first.p, second.p))  # step-down: never below the one before
-    assert (other.holm_low, other.holm_high) == (other.low, other.high)  # the last step is at the full 0.05
-    assert holm([Interval.of([0.1])])[0].holm_p is None  # one pair: no interval, not in the family
-
-
 def test_an_interval_within_5e_4_of_0_is_printed_in_significant_digits_not_as_zeros():
     """A control's rounding floor, differences of a few 1e-6, would read -0.0000 [-0.0000, +0.0000] at 4 decimals."""
     # mean 1.33e-6, se 2.08e-6 / sqrt(3) = 1.20e-6: half 4.3027 se = 5.17e-6, t 1.11 on 2 df: p 0.383 (alone in its
     # family); 80% power at (4.3027 + 1.0607) se = 6.45e-6
-    (floor,) = holm([Interval.of([2e-6, -1e-6, 3e-6])])
+    (floor,) = simultaneous([Interval.of([2e-6, -1e-6, 3e-6])])  # alone in its family: the simultaneous is the 95%
     assert floor.text("3 seeds") == "+1.3e-06 [-3.8e-06, +6.5e-06] (t over 3 seeds)"
-    assert floor.holm_text() == "Holm [-3.8e-06, +6.5e-06], p 0.383" and floor.detectable_text() == "±6.4e-06"
+    assert floor.simultaneous_text() == "simultaneous [-3.8e-06, +6.5e-06], Holm p 0.383"
+    assert floor.detectable_text() == "±6.8e-06"  # the exact noncentral t: 6.45e-06 by the t-quantile formula
     assert Interval.of([0.0012, -0.0004]).text() == "+0.0004 [-0.0098, +0.0106]"  # its ends beyond 5e-4: decimals
     assert Interval.of([0.0, 0.0]).text() == "+0.0000 [+0.0000, +0.0000]"  # exactly 0 says so
     assert Interval.of([3e-5]).text() == "+3.0e-05 (1 pair: no interval)"
@@ -62,18 +49,6 @@ def test_sign_test_is_the_exact_binomial():
     assert sign_test_p(3, 3) == 0.25 and sign_test_p(0, 3) == 0.25
     assert sign_test_p(6, 6) == 2 / 64 and sign_test_p(5, 6) == pytest.approx(2 * 7 / 64)
     assert sign_test_p(3, 6) == 1.0
-
-
-def test_smallest_detectable_difference_is_detected_four_times_in_five():
-    """A true difference of the reported size, in simulated studies of 6 seeds at the same spread, excludes 0 in
-    about POWER of them (the t-quantile formula approximates the noncentral t)."""
-    rng = np.random.default_rng(0)
-    sd, n = 0.01, 6
-    effect = Interval.with_se(n, 0.0, sd, sd / math.sqrt(n), n - 1).detectable
-    samples = rng.normal(effect, sd, size=(20_000, n))
-    t = samples.mean(1) / (samples.std(1, ddof=1) / math.sqrt(n))
-    power = float(np.mean(np.abs(t) > t_quantile(0.975, n - 1)))
-    assert abs(power - POWER) < 0.03
 
 
 def factorial_sweep(root, losses: dict[str, list[float]], **run) -> None:
@@ -128,16 +103,17 @@ def test_the_family_is_holm_adjusted_and_the_primary_declared(tmp_path):
     assert len(members) == 5 and all(m.interval.holm_p is not None for m in members)  # 3 effects, 2 simple effects
     simple = [m for m in members if m.comparison is not None]
     assert all(m.interval.df == 6 for m in simple)  # pooled: 3(n - 1), where a paired t has 2
-    assert all(m.comparison.interval is m.interval for m in simple)  # every table shows the family's
+    assert all(m.interval.sd != m.comparison.interval.sd for m in simple)  # the family's: pooled, not the paired t
 
     report(f"runs={tmp_path / 'exp'}", f"out={tmp_path / 'out'}")
     summary = (tmp_path / "out/summary.md").read_text()
     assert "Primary contrast of tiny (analysis.primary=centring, declared with the runs" in summary
     assert "The family: 5 comparisons with an interval, Holm-adjusted together" in summary
-    assert "(sign test p 0.25)" in summary and "80% power at ±" in summary and "Holm [" in summary
-    with open(tmp_path / "out/comparisons.csv") as f:  # the numbers beside summary.md, as the family has them
+    assert re.search(r"above 0 in \d of 3 seeds \(sign test p [\d.]+\)", summary)
+    assert "80% power after Holm at ±" in summary and "simultaneous [" in summary
+    with open(tmp_path / "out/verdict_comparisons.csv") as f:  # the numbers beside summary.md, as the family has them
         rows = list(csv.DictReader(f))
-    assert [r["comparison"] for r in rows] == labels
+    assert [r["label"] for r in rows] == labels
     for row, member in zip(rows, members):
         assert float(row["holm_p"]) == pytest.approx(member.interval.holm_p, rel=1e-12)
         assert float(row["ci_low"]) == pytest.approx(member.interval.low, rel=1e-12)
@@ -210,7 +186,8 @@ def test_prepare_keeps_the_learning_check_and_the_report_leaves_out_what_did_not
     summary = (tmp_path / "out/summary.md").read_text()
     assert f"is {unigram:.4f} nats/token" in summary
     assert summary.count("**did not learn: its final val loss") == 2
-    assert "| dyt | 0 of 2 | — | did not learn" in summary and "dyt − layernorm" not in summary
+    assert "| tiny | dyt | 0 | — | — | — | — | — | — | — | — | — |" in summary and "dyt − layernorm" not in summary
+    assert "- tiny†, dyt: did not learn: final val loss" in summary
     assert "a Δ of 0 says nothing of centring" in summary
     report(f"runs={sweep}", f"out={tmp_path / 'smoke'}", "learning_check=false")  # smoke runs: compared all the same
     smoke = (tmp_path / "smoke/summary.md").read_text()
@@ -227,7 +204,7 @@ def test_norms_at_their_own_tuned_learning_rates_are_compared_only_when_declared
         make_run(sweep, f"tiny-layernorm-seed{seed}", "layernorm", seed, 3.0 + seed / 10)
         make_run(sweep, f"tiny-dyt-seed{seed}", "dyt", seed, 3.2 + seed / 20, settings={"optimizer.lr": 1e-3})
     runs = find_runs([sweep])[0]
-    assert [g.comparisons for g in group_runs(runs)] == [[], []]
+    assert [g.comparisons for g in group_runs(runs)] == [(), ()]
     (group,) = group_runs(runs, Declared(tuned=("optimizer.lr",)))
     (comparison,) = group.comparisons
     assert comparison.label == ("dyt − layernorm (a point-wise layer in place of layernorm; each at its tuned "

@@ -20,8 +20,10 @@ to read every table and figure.
 
 The package: runs.py reads run directories, pretrained.py the CSVs of pretrained models, groups.py groups and pairs
 the runs, intervals.py holds the paired statistics and contrasts.py the family of comparisons (the 2x2 factorial,
-Holm), verdict.py and tables.py write summary.md's tables, numbers.py their numbers as CSV, figures.py draws the figures
-(the per-layer one with training's angle callback: normlab/probe/figure.py); here, the command.
+Holm), verdict_tables.py the verdict's two tables as rows of numbers, render.py writes a table to markdown, CSV and
+wandb, verdict.py and tables.py write summary.md's text and tables, numbers.py the runs' numbers as CSV, figures.py
+draws the figures (the per-layer one with training's angle callback: normlab/probe/figure.py), dashboard.py logs the
+tables and figures to wandb; here, the command.
 """
 
 from pathlib import Path
@@ -32,11 +34,13 @@ from omegaconf import DictConfig, OmegaConf
 from normlab.common import outputs
 from normlab.probe.figure import DPI
 from normlab.probe.table import AnalysisError
-from normlab.study.report.contrasts import family
+from normlab.study.report.contrasts import family, intervals_of
+from normlab.study.report.dashboard import log_report, project_of
 from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
 from normlab.study.report.groups import Declared, group_runs
 from normlab.study.report.numbers import write_numbers
 from normlab.study.report.pretrained import load_pretrained
+from normlab.study.report.render import write_csv
 from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
 from normlab.study.report.verdict import HOW_TO_READ, verdict
@@ -58,8 +62,9 @@ def check_declared(declared: Declared, runs: list) -> None:
 
 
 def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declared = Declared(),
-           figures: bool = True) -> None:
-    """The report of the runs at or under `paths` and the CSVs `csvs` into `out`; `figures`: draw them too."""
+           figures: bool = True, to_wandb: bool = False) -> None:
+    """The report of the runs at or under `paths` and the CSVs `csvs` into `out`; `figures`: draw them too;
+    `to_wandb`: log its tables and figures to a run of the study's wandb project (dashboard.py)."""
     for path in paths:
         if not path.exists():
             raise AnalysisError(f"{path} does not exist: give run directories, or directories holding runs")
@@ -76,7 +81,7 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
     check_declared(declared, runs)
     groups = group_runs(runs, declared)  # each run's norm class answers here, before anything is written
     members = family(groups)
-    table, notes = verdict(groups, pretrained, members)
+    table, notes, verdict_tables = verdict(groups, pretrained, members)
     head = f"# normlab report\n\n## Verdict\n\n{table}\n{notes}{HOW_TO_READ}\n"
     if replaced:
         head += "Skipped (runs moved aside by restart=true): " + ", ".join(f"`{p}`" for p in replaced) + "\n\n"
@@ -88,13 +93,16 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
     sections = [group_section(g, parameters, members) for g in groups] + [pretrained_section(m) for m in pretrained]
     # the tables are ready: a failure before this point writes nothing, one after it leaves the old report whole
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
-        drawn = ([draw_group(g, staging) for g in groups] + [draw_pretrained(m, staging) for m in pretrained]
-                 if figures else [[] for _ in sections])
+        drawn = ([draw_group(g, staging, intervals_of(members, g)) for g in groups]
+                 + [draw_pretrained(m, staging) for m in pretrained] if figures else [[] for _ in sections])
         (staging / "summary.md").write_text(head + "".join(t + images(f) for t, f in zip(sections, drawn)))
-        tables = write_numbers(staging, groups, pretrained, members)
+        tables = [write_csv(t, staging) for t in verdict_tables] + write_numbers(staging, groups, pretrained, members)
+        mode = log_report(staging, verdict_tables, project_of([r.config for r in runs]),
+                          f"report-{out.resolve().name}") if to_wandb else None
     count = sum(len(f) for f in drawn)
     what = f"{count} figures (PDF and PNG, {DPI} dpi)" if figures else "no figures (figures=false)"
-    print(table + f"\nwrote summary.md, {what} and its numbers ({', '.join(tables)}) to {out}")
+    logged = f"; logged to wandb ({mode}: {out / 'wandb'})" if mode else ""
+    print(table + f"\nwrote summary.md, {what} and its numbers ({', '.join(tables)}) to {out}{logged}")
 
 
 def as_paths(value) -> list[Path]:
@@ -112,10 +120,11 @@ def main(cfg: DictConfig) -> None:
     csvs = [p for p in given if p.suffix == ".csv"]
     paths = [p for p in given if p.suffix != ".csv"]
     out = Path(str(cfg.out)) if cfg.out else (paths[0] if paths else csvs[0].parent) / "report"
-    figures = cfg.get("figures", True)
-    if not isinstance(figures, bool):
-        raise AnalysisError(f"figures={figures}: give true or false")
-    report(paths, out, csvs, declared(cfg), figures)
+    figures, to_wandb = cfg.get("figures", True), cfg.get("wandb", True)
+    for name, value in (("figures", figures), ("wandb", to_wandb)):
+        if not isinstance(value, bool):
+            raise AnalysisError(f"{name}={value}: give true or false")
+    report(paths, out, csvs, declared(cfg), figures, to_wandb)
 
 
 def declared(cfg: DictConfig) -> Declared:

@@ -13,6 +13,7 @@ from normlab.probe.profiles import profile, site_tick
 from normlab.probe.shares import share_extremes
 from normlab.study.report.groups import Comparison, Group, Series
 from normlab.study.report.intervals import Interval
+from normlab.study.report.render import Column, Table, markdown, text_columns
 
 POINTWISE = ("t 95% interval over the seeds at each step alone, not corrected for the steps; the final loss (the mean "
              "of the last validations) is the one in the report's family")
@@ -105,32 +106,35 @@ def difference_table(group: Group) -> str:
     steps = sorted({s for _, by_step in found for s in by_step})
     if not steps:
         return ""
-    header = " | ".join(f"{c.other} − {c.base}" for c, _ in found)
-    lines = [f"| step | {header} |", "|---:" + "|---" * len(found) + "|"]
-    for step in steps:
-        cells = [by_step[step].interval.text() if step in by_step else "—" for _, by_step in found]
-        lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + f"\n\nMean paired difference of validation loss (nats/token) [{POINTWISE}].\n"
+    columns = (Column((0,), "step"), *(Column((i,), f"{c.other} − {c.base}", right=False)
+                                        for i, (c, _) in enumerate(found, 1)))
+    rows = [{0: f"{step:,}", **{i: by_step[step].interval.text() if step in by_step else "—"
+                                for i, (_, by_step) in enumerate(found, 1)}} for step in steps]
+    return (markdown(Table("branch_differences", columns, tuple(rows)))
+            + f"\nMean paired difference of validation loss (nats/token) [{POINTWISE}].\n")
 
 
 def share_table(group: Group) -> str:
     """Per arm and measured step from K, its share along 1 at the norm inputs (StepShare), and how it moved
     (growth_text)."""
     k = group.branch_step or 0
-    lines = ["| arm | step | runs | share along 1, mean over the norm inputs | largest share (site) | random "
-             "direction's median share | sign-invariant largest-of-sites Z, p |", "|---|---:|---:|---:|---|---:|---|"]
-    summary = []
+    columns = text_columns("arm", "step", "runs", "share along 1, mean over the norm inputs", "largest share (site)",
+                           "random direction's median share", "sign-invariant largest-of-sites Z, p",
+                           right=(1, 2, 3, 5))
+    rows, summary = [], []
     for series in group.series():
         found = shares_from_k(series, k)
         for s in found:
             median = "—" if s.null_median is None else f"{s.null_median:.4f}"
-            lines.append(f"| {series.norm} | {s.step:,} | {s.runs} | {s.mean_share:.4f} | {s.share_text()} | "
-                         f"{median} | {s.statistic_text()} |")
+            rows.append(dict(zip((c.keys[0] for c in columns), (
+                series.norm, f"{s.step:,}", s.runs, f"{s.mean_share:.4f}", s.share_text(), median,
+                s.statistic_text()))))
         if found:
             summary.append(f"- {series.norm}: {growth_text(found)}.")
     if not summary:
         return ""
-    return ("\n".join(lines) + "\n\nShares are seed means (the probe's held-out tokens at each checkpoint); Z and p: "
+    return (markdown(Table("branch_shares", columns, tuple(rows)))
+            + "\nShares are seed means (the probe's held-out tokens at each checkpoint); Z and p: "
             "each seed's mean cos² along 1 against its own random directions, combined over the seeds, the largest "
             "of the sites against the largest of each random direction's (docs/report.md). Each arm's share, mean "
             "over the norm inputs, at K and at the end, and the steps where its most extreme site lay beyond random "

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from normlab.study.report.groups import Comparison, Group
-from normlab.study.report.intervals import Interval, holm, sign_test_p
+from normlab.study.report.intervals import Interval, sign_test_p, simultaneous
 
 # The factorial's effects by cell (centres, bias): its weights on the four cell means
 EFFECTS = {
@@ -27,7 +27,7 @@ EFFECT_LABELS = {"centring": "centring, averaged over bias (uncentred − centre
                  "interaction": "interaction (the centring's effect with a bias − without)"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Contrast:
     """One comparison of the family: what it estimates, per seed (the sign test's input) and its interval."""
     label: str
@@ -113,15 +113,16 @@ def primary_of(group: Group) -> str | None:
 
 
 def family(groups: list[Group]) -> list[Contrast]:
-    """Every comparison of the verdict, Holm-adjusted as one family; each Comparison's interval replaced by its
-    family member's (the pooled one for a simple effect of a complete 2x2), so that every table shows the same."""
+    """Every comparison of the verdict, with its simultaneous interval and Holm p over the family (the pooled interval
+    for a simple effect of a complete 2x2): every table and figure shows the member's."""
     members = [c for g in groups for c in group_family(g, primary_of(g))]
-    adjusted = holm([c.interval for c in members])
-    for member, interval in zip(members, adjusted):
-        member.interval = interval
-        if member.comparison is not None:
-            member.comparison.interval = interval
-    return members
+    adjusted = simultaneous([c.interval for c in members])
+    return [replace(member, interval=interval) for member, interval in zip(members, adjusted)]
+
+
+def intervals_of(members: list[Contrast], group: Group) -> dict[str, Interval]:
+    """The family's interval of each of the group's comparisons, by its label."""
+    return {m.comparison.label: m.interval for m in members if m.comparison is not None and m.group is group}
 
 
 def sign_along_training(comparison: Comparison) -> str:

@@ -260,11 +260,12 @@ def pointwise(comparison: Comparison) -> bool:
     return not (comparison.base_traits.normalizes and comparison.other_traits.normalizes)
 
 
-def draw_final_differences(ax, comparisons: list[Comparison]) -> None:
+def draw_final_differences(ax, comparisons: list[Comparison], intervals: dict[str, Interval]) -> None:
     """Per comparison: each seed's paired difference of final validation loss, their mean and its t 95% interval
     over the seeds (none for one pair), with a y label that says what a difference above 0 means."""
     for x, comparison in enumerate(comparisons):
-        differences, interval = comparison.differences, comparison.interval
+        differences = comparison.differences
+        interval = intervals.get(comparison.label, comparison.interval)  # the family's
         xs = [x - 0.2 + dx / 2 for dx in offsets(len(differences))]  # left of the mean and its interval
         ax.plot(xs, differences, "o", ms=3, color="tab:gray", label="one seed's pair (its seed beside it)")
         for xi, (base, _), value in zip(xs, comparison.pairs, differences):
@@ -287,9 +288,10 @@ def draw_final_differences(ax, comparisons: list[Comparison]) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-def loss_differences_figure(group: Group) -> Figure | None:
+def loss_differences_figure(group: Group, intervals: dict[str, Interval] | None = None) -> Figure | None:
     """The final step's paired differences (draw_final_differences): those between norms that normalize, and below
-    them, on an axis of their own, those with a point-wise layer; None without a comparison."""
+    them, on an axis of their own, those with a point-wise layer; None without a comparison. `intervals`: the family's
+    (intervals_of) by comparison label; each comparison's own paired t where it has none."""
     kinds = [[c for c in group.comparisons if pointwise(c) == kind] for kind in (False, True)]
     kinds = [comparisons for comparisons in kinds if comparisons]
     if not kinds:
@@ -299,7 +301,7 @@ def loss_differences_figure(group: Group) -> Figure | None:
     fig, axes = plt.subplots(len(kinds), 1, figsize=(1.6 + width, (1.9 + 0.13 * ticks) * len(kinds)), squeeze=False,
                              layout="constrained")
     for (ax,), comparisons in zip(axes, kinds):
-        draw_final_differences(ax, comparisons)
+        draw_final_differences(ax, comparisons, intervals or {})
         if len(kinds) == 2:
             ax.set_title("with a point-wise layer" if pointwise(comparisons[0]) else "between normalizing norms")
     runs = [run for c in group.comparisons for pair in c.pairs for run in pair]
@@ -412,10 +414,11 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     return fig
 
 
-def draw_group(group: Group, out: Path) -> list[str]:
+def draw_group(group: Group, out: Path, intervals: dict[str, Interval]) -> list[str]:
+    """The group's figures into `out`; `intervals`: the family's interval of each comparison (intervals_of)."""
     series = group.series()
     figures = {f"loss_{group.slug}": losses_figure(group),
-               f"loss_difference_{group.slug}": loss_differences_figure(group),
+               f"loss_difference_{group.slug}": loss_differences_figure(group, intervals),
                f"angles_by_layer_{group.slug}": angles_by_layer_figure(group.title, series),
                f"references_{group.slug}": references_figure(group.title, series),
                f"angles_training_{group.slug}": angles_training_figure(group.title, series),

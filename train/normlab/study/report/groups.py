@@ -9,6 +9,7 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from normlab.common.run_identity import identifies_the_run
@@ -69,7 +70,7 @@ BRANCH_ROLES = {  # a branch group's comparisons beside the centring's (docs/bra
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
     """`other` − `base` final validation loss, paired by seed. `centring`: uncentred − centred, two norms of the 2x2
     (the centring's effect, with or without a bias, or with the bias differing too); else one norm in place of the
@@ -109,10 +110,11 @@ class Comparison:
         bias = "; the bias differs too" if self.bias is None else "" if self.bias else ", both without bias"
         return f"{self.other} − {self.base} ({self.replacement} in place of {self.base}{bias}{tuned})"
 
-    interval: Interval | None = None  # paired t over the seeds; the family's (contrasts.py) once it is analysed
-
-    def __post_init__(self):
-        self.interval = self.interval or Interval.of(self.differences)
+    @cached_property
+    def interval(self) -> Interval:
+        """The paired t interval over the seeds (the family's member, contrasts.py, holds the one the report shows:
+        pooled for a simple effect of a complete 2x2, with its simultaneous interval)."""
+        return Interval.of(self.differences)
 
     @property
     def differences(self) -> list[float]:
@@ -141,33 +143,18 @@ def last_rows(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("step") == at]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Group:
-    """Runs whose comparison settings are equal: they differ only in norm and seed."""
+    """Runs whose comparison settings are equal: they differ only in norm and seed. Data, built once by group_runs:
+    each run screened (its reason where it is left out, screen), the comparisons its norms make (pair)."""
     settings: dict
-    runs: list[Run]
+    runs: tuple[Run, ...]
     slug: str = ""  # in the names of its figures
     distinct: str = ""  # the settings that set it apart from the report's other groups
-    comparisons: list[Comparison] = field(default_factory=list)
+    comparisons: tuple[Comparison, ...] = ()
     cells: dict[tuple[bool, bool], Arm] = field(default_factory=dict)  # the 2x2's norms by (centres, bias)
-    tuned: list[str] = field(default_factory=list)  # the declared tuned settings its norms differ in
+    tuned: tuple[str, ...] = ()  # the declared tuned settings its norms differ in
     learning_check: bool = True  # whether runs that did not learn were left out (Declared.learning_check)
-
-    def check_tuned(self, declared: Declared) -> None:
-        """Each norm of the group at one value of each tuned setting (its tuned one); which of them differ."""
-        values: dict[str, dict[Arm, set]] = defaultdict(lambda: defaultdict(set))
-        for run in self.runs:
-            for key, value in flat(run.config).items():
-                if declared.is_tuned(key):
-                    values[key][run.norm].add(json.dumps(value, default=str))
-        for key, by_norm in values.items():
-            for arm, found in by_norm.items():
-                if len(found) > 1:
-                    raise AnalysisError(f"norm {arm.name} has runs at {key} = {' and '.join(sorted(found))} in one "
-                                        f"group: tuned={list(declared.tuned)} compares each norm at one setting; give "
-                                        "the runs of its chosen setting alone")
-            if len({v for found in by_norm.values() for v in found}) > 1:
-                self.tuned.append(key)
 
     @property
     def model(self) -> str:
@@ -189,16 +176,10 @@ class Group:
         return f"{self.model}" + (f" ({self.distinct})" if self.distinct else "")
 
     def arms(self) -> list[Arm]:
-        return sorted({r.norm for r in self.runs}, key=lambda a: a.order)
+        return arms_of(self.runs)
 
     def label(self, arm: Arm) -> str:
-        """The norm's name; where another norm of the group has that name too, with the layer settings that differ
-        ("layernorm bias=False", a run of norm.layer.bias=false beside layernorm's)."""
-        namesakes = [a.settings for a in self.arms() if a.name == arm.name]
-        differing = sorted({k for s in namesakes for k in s if k != "_partial_"
-                            and any(o.get(k, "absent") != s.get(k, "absent") for o in namesakes)})
-        label = " ".join([arm.name, *(f"{k}={arm.settings.get(k, 'absent')}" for k in differing)])
-        return f"{label} ({arm.variant})" if arm.variant else label
+        return arm_label(self.arms(), arm)
 
     def compared(self, arm: Arm) -> list[Run]:
         return [r for r in self.runs if r.norm == arm and not r.left_out]
@@ -211,80 +192,139 @@ class Group:
     def series(self) -> list[Series]:
         return [self.series_of(a) for a in self.arms() if self.compared(a)]
 
-    def check_and_pair(self, declared: Declared) -> None:
-        """Flag runs without a final loss to compare (Run.incomplete: unfinished, ...), runs that did not learn more
-        than token frequencies (Run.learned) and replicates (the same norm and seed as another: left out), then pair
-        the runs of two norms by seed as declared: each of `pairs`, else the 2x2 (pair_centring) and every norm
-        outside it against the reference."""
-        arms: dict[Arm, dict[tuple, Run]] = defaultdict(dict)  # norm -> pairing -> run
-        self.learning_check = declared.learning_check
-        for run in sorted(self.runs, key=lambda r: (-(r.val_step or 0), r.name)):
-            kept = arms[run.norm]
-            if run.incomplete:
-                run.left_out = f"{run.incomplete}: left out"
-            elif run.learned is False and declared.learning_check:
-                run.left_out = (f"did not learn: its final val loss {run.final_val_loss:.4f} is not {LEARNED_MARGIN} "
-                                f"below {run.unigram_loss:.4f}, the held-out cross-entropy of token frequencies "
-                                "alone: left out of every comparison")
-            elif run.pairing in kept:
-                run.left_out = f"same settings, norm and seed as {kept[run.pairing].name}: a replicate, left out"
-            else:
-                kept[run.pairing] = run
-        ordered = [a for a in self.arms() if arms[a]]
-        if self.branch_step is not None:
-            self.pair_branches(ordered, arms)
-        elif declared.pairs:
-            for first, second in declared.pairs:
-                for base, other in [(b, o) for b in ordered for o in ordered if (b.name, o.name) == (first, second)]:
-                    self.compare(base, other, arms)
-        else:
-            self.pair_centring(ordered, arms)
-            reference = next((a for a in ordered if a.name == declared.reference), None)
-            for other in [a for a in ordered if reference and a != reference and a not in self.cells.values()]:
-                self.compare(reference, other, arms)
-        paired = {id(run) for c in self.comparisons for pair in c.pairs for run in pair}
-        for run in [r for kept in arms.values() for r in kept.values() if id(r) not in paired]:
-            run.note = "no run of the other norm with its seed: in the angle tables, not in the loss comparison"
 
-    def pair_centring(self, ordered: list[Arm], arms: dict[Arm, dict[tuple, Run]]) -> None:
-        """The centring x bias 2x2 among the norms whose class says it is of it (traits.centring_pair), a norm to a
-        cell (another of the same traits is compared as any other norm): the centred and the uncentred norm of each
-        bias setting (a 2x2 sweep gives two comparisons), else the one centred and the one uncentred norm there are
-        (the paper's LayerNorm and RMSNorm: the bias differs too)."""
-        for arm in ordered:
-            if arm.traits.centring_pair:
-                self.cells.setdefault((arm.traits.centres, arm.traits.bias), arm)
-        matched = [((True, bias), (False, bias)) for bias in (True, False)
-                   if (True, bias) in self.cells and (False, bias) in self.cells]
-        centred, uncentred = ([k for k in self.cells if k[0] == c] for c in (True, False))
-        if not matched and len(centred) == 1 and len(uncentred) == 1:
-            matched.append((centred[0], uncentred[0]))
-        for base, other in matched:
-            self.compare(self.cells[base], self.cells[other], arms)
+def arms_of(runs) -> list[Arm]:
+    return sorted({r.norm for r in runs}, key=lambda a: a.order)
 
-    def pair_branches(self, ordered: list[Arm], arms: dict[Arm, dict[tuple, Run]]) -> None:
-        """The branches of one step K, paired by source and seed: the converted arm against the branch of its
-        LayerNorm source's own norm (the centring's work from K on, as the 2x2 pairs it), the zero-mean-writers
-        control against that branch (BRANCH_ROLES: rounding alone) and each branch of a source's own norm against
-        its source continuing (what the optimizer's restart costs)."""
-        trained = [a for a in ordered if not a.variant]
-        self.pair_centring(trained, arms)
-        for arm in [a for a in ordered if a.variant == CONTROL]:
-            if (centred := self.cells.get((True, arm.traits.bias))) is not None:
-                self.compare(centred, arm, arms, "control")
-        for source in [a for a in ordered if a.variant == CONTINUING]:
-            for kept in [a for a in trained if replace(a, variant=CONTINUING) == source]:
-                self.compare(source, kept, arms, "restart")
 
-    def compare(self, base: Arm, other: Arm, arms: dict[Arm, dict[tuple, Run]], role: str = "") -> None:
-        common = sorted(arms[base].keys() & arms[other].keys())
+def arm_label(arms: list[Arm], arm: Arm) -> str:
+    """The norm's name; where another norm of the group has that name too, with the layer settings that differ
+    ("layernorm bias=False", a run of norm.layer.bias=false beside layernorm's)."""
+    namesakes = [a.settings for a in arms if a.name == arm.name]
+    differing = sorted({k for s in namesakes for k in s if k != "_partial_"
+                        and any(o.get(k, "absent") != s.get(k, "absent") for o in namesakes)})
+    label = " ".join([arm.name, *(f"{k}={arm.settings.get(k, 'absent')}" for k in differing)])
+    return f"{label} ({arm.variant})" if arm.variant else label
+
+
+def tuned_settings(runs, declared: Declared) -> tuple[str, ...]:
+    """The declared tuned settings the norms of these runs differ in; each norm at one value of each (its tuned
+    one), else one line."""
+    values: dict[str, dict[Arm, set]] = defaultdict(lambda: defaultdict(set))
+    for run in runs:
+        for key, value in flat(run.config).items():
+            if declared.is_tuned(key):
+                values[key][run.norm].add(json.dumps(value, default=str))
+    differing = []
+    for key, by_norm in values.items():
+        for arm, found in by_norm.items():
+            if len(found) > 1:
+                raise AnalysisError(f"norm {arm.name} has runs at {key} = {' and '.join(sorted(found))} in one "
+                                    f"group: tuned={list(declared.tuned)} compares each norm at one setting; give "
+                                    "the runs of its chosen setting alone")
+        if len({v for found in by_norm.values() for v in found}) > 1:
+            differing.append(key)
+    return tuple(differing)
+
+
+@dataclass(frozen=True)
+class Screening:
+    """The runs of a group as screened: each with its reason where it is left out (Run.left_out), and per norm
+    the compared run of each pairing (seed)."""
+    runs: tuple[Run, ...]
+    kept: dict[Arm, dict[tuple, Run]]
+
+
+def screen(runs, learning_check: bool) -> Screening:
+    """Runs without a final loss to compare (Run.incomplete: unfinished, ...), runs that did not learn more than
+    token frequencies (Run.learned; unless learning_check is off) and replicates (the same norm and seed as another,
+    the furthest trained kept) left out, each with its reason."""
+    kept: dict[Arm, dict[tuple, Run]] = defaultdict(dict)
+    screened = {}
+    for run in sorted(runs, key=lambda r: (-(r.val_step or 0), r.name)):
+        reason = ""
+        if run.incomplete:
+            reason = f"{run.incomplete}: left out"
+        elif run.learned is False and learning_check:
+            reason = (f"did not learn: its final val loss {run.final_val_loss:.4f} is not {LEARNED_MARGIN} below "
+                      f"{run.unigram_loss:.4f}, the held-out cross-entropy of token frequencies alone: left out of "
+                      "every comparison")
+        elif run.pairing in kept[run.norm]:
+            reason = f"same settings, norm and seed as {kept[run.norm][run.pairing].name}: a replicate, left out"
+        screened[id(run)] = replace(run, left_out=reason) if reason else run
+        if not reason:
+            kept[run.norm][run.pairing] = run
+    return Screening(tuple(screened[id(r)] for r in runs), dict(kept))
+
+
+def pair(runs, kept: dict[Arm, dict[tuple, Run]], declared: Declared, branch_step: int | None,
+         tuned: tuple[str, ...]) -> tuple[dict, list[Comparison]]:
+    """The 2x2's cells and the comparisons, the runs of two norms paired by seed as declared: each of `pairs`, else
+    the 2x2 (pair_centring) and every norm outside it against the reference; branches as pair_branches says."""
+    arms, cells, comparisons = arms_of(runs), {}, []
+    ordered = [a for a in arms if kept.get(a)]
+
+    def compare(base: Arm, other: Arm, role: str = "") -> None:
+        common = sorted(kept[base].keys() & kept[other].keys())
         if common:
-            pairs = [(arms[base][p], arms[other][p]) for p in common]
+            pairs = [(kept[base][p], kept[other][p]) for p in common]
             settings = [flat(run.config) for run in pairs[0]]
-            tuned = {k: (settings[0].get(k), settings[1].get(k)) for k in self.tuned
-                     if settings[0].get(k) != settings[1].get(k)}
-            self.comparisons.append(Comparison(self.label(base), self.label(other), base.traits, other.traits, pairs,
-                                               tuned, role))
+            differ = {k: (settings[0].get(k), settings[1].get(k)) for k in tuned
+                      if settings[0].get(k) != settings[1].get(k)}
+            comparisons.append(Comparison(arm_label(arms, base), arm_label(arms, other), base.traits, other.traits,
+                                          pairs, differ, role))
+
+    if branch_step is not None:
+        pair_branches(ordered, cells, compare)
+    elif declared.pairs:
+        for first, second in declared.pairs:
+            for base, other in [(b, o) for b in ordered for o in ordered if (b.name, o.name) == (first, second)]:
+                compare(base, other)
+    else:
+        pair_centring(ordered, cells, compare)
+        reference = next((a for a in ordered if a.name == declared.reference), None)
+        for other in [a for a in ordered if reference and a != reference and a not in cells.values()]:
+            compare(reference, other)
+    return cells, comparisons
+
+
+def pair_centring(ordered: list[Arm], cells: dict, compare) -> None:
+    """The centring x bias 2x2 among the norms whose class says it is of it (traits.centring_pair), a norm to a
+    cell (another of the same traits is compared as any other norm): the centred and the uncentred norm of each
+    bias setting (a 2x2 sweep gives two comparisons), else the one centred and the one uncentred norm there are
+    (the paper's LayerNorm and RMSNorm: the bias differs too)."""
+    for arm in ordered:
+        if arm.traits.centring_pair:
+            cells.setdefault((arm.traits.centres, arm.traits.bias), arm)
+    matched = [((True, bias), (False, bias)) for bias in (True, False)
+               if (True, bias) in cells and (False, bias) in cells]
+    centred, uncentred = ([k for k in cells if k[0] == c] for c in (True, False))
+    if not matched and len(centred) == 1 and len(uncentred) == 1:
+        matched.append((centred[0], uncentred[0]))
+    for base, other in matched:
+        compare(cells[base], cells[other])
+
+
+def pair_branches(ordered: list[Arm], cells: dict, compare) -> None:
+    """The branches of one step K, paired by source and seed: the converted arm against the branch of its
+    LayerNorm source's own norm (the centring's work from K on, as the 2x2 pairs it), the zero-mean-writers
+    control against that branch (BRANCH_ROLES: rounding alone) and each branch of a source's own norm against
+    its source continuing (what the optimizer's restart costs)."""
+    trained = [a for a in ordered if not a.variant]
+    pair_centring(trained, cells, compare)
+    for arm in [a for a in ordered if a.variant == CONTROL]:
+        if (centred := cells.get((True, arm.traits.bias))) is not None:
+            compare(centred, arm, "control")
+    for source in [a for a in ordered if a.variant == CONTINUING]:
+        for kept in [a for a in trained if replace(a, variant=CONTINUING) == source]:
+            compare(source, kept, "restart")
+
+
+def unpaired_noted(runs: tuple[Run, ...], comparisons: list[Comparison]) -> tuple[Run, ...]:
+    """The runs, a compared one that no comparison pairs noted so."""
+    paired = {id(run) for c in comparisons for pair in c.pairs for run in pair}
+    note = "no run of the other norm with its seed: in the angle tables, not in the loss comparison"
+    return tuple(replace(r, note=note) if not r.left_out and id(r) not in paired else r for r in runs)
 
 
 def present(settings: dict) -> dict:
@@ -297,61 +337,73 @@ def settings_key(settings: dict) -> str:
     return json.dumps(present(settings), sort_keys=True, default=str)
 
 
-def join_layers(groups: list[Group]) -> list[Group]:
+def join_layers(by_settings: list[tuple[dict, list[Run]]]) -> list[tuple[dict, list[Run]]]:
     """Groups whose settings are equal but for the norm layer's own (DyT's alpha_init and no eps, a user's norm's
     arguments) made one, where their norms' names all differ and at most one of them holds norms of the 2x2: DyT
     beside the LayerNorm and RMSNorm runs trained with it. Two settings of one norm (DyT's alpha_init, LayerNorm's
-    eps) stay groups of their own, as do the groups beside them."""
+    eps) stay groups of their own, as do the groups beside them. (settings, runs) of each."""
     alike = defaultdict(list)
-    for group in groups:
-        others = {k: v for k, v in group.settings.items() if not k.startswith(LAYER_SETTINGS)}
-        alike[settings_key(others)].append(group)
-    joined = set()
+    for index, (settings, _) in enumerate(by_settings):
+        others = {k: v for k, v in settings.items() if not k.startswith(LAYER_SETTINGS)}
+        alike[settings_key(others)].append(index)
+    joined, runs = set(), [list(r) for _, r in by_settings]
     for found in alike.values():
-        names = [{a.name for a in g.arms()} for g in found]
-        of_2x2 = [g for g in found if any(a.traits.centring_pair for a in g.arms())]
+        names = [{a.name for a in arms_of(runs[i])} for i in found]
+        of_2x2 = [i for i in found if any(a.traits.centring_pair for a in arms_of(runs[i]))]
         if len(found) > 1 and len(of_2x2) <= 1 and len(set().union(*names)) == sum(map(len, names)):
             home = (of_2x2 or found)[0]
-            for group in found:
-                if group is not home:
-                    home.runs += group.runs
-                    joined.add(id(group))
-    return [g for g in groups if id(g) not in joined]
+            for index in [i for i in found if i != home]:
+                runs[home] += runs[index]
+                joined.add(index)
+    return [(settings, runs[i]) for i, (settings, _) in enumerate(by_settings) if i not in joined]
+
+
+def distinct_settings(settings: dict, others: list[dict]) -> str:
+    """The settings that set a group apart from the others of its model (its title), four at most."""
+    own, others = present(settings), [present(o) for o in others]
+    differing = sorted(
+        {k for o in others for k in own.keys() | o.keys() if own.get(k) != o.get(k)},
+        key=lambda k: (k.startswith("callbacks."), k),  # callbacks last: mostly copies of other settings
+    )
+    shown = [f"{k}={settings.get(k, 'absent')}" for k in differing[:4]]
+    return ", ".join(shown) + (f" and {len(differing) - 4} more" if len(differing) > 4 else "")
+
+
+def slugs(found: list[tuple[dict, list[Run], str]]) -> list[str]:
+    """The figures' name of each group (settings, runs, distinct): its model, set apart where the model has several
+    groups by their one differing setting (branch.step=200), else by a hash of its settings."""
+    names = []
+    for settings, runs, distinct in found:
+        same_model = [f for f in found if f[1][0].model == runs[0].model]
+        if len(same_model) == 1:
+            names.append(slug(runs[0].model))
+            continue
+        named = [slug(f"{runs[0].model}-{d}") for _, _, d in same_model]
+        readable = len(set(named)) == len(named) and all("," not in d and len(d) <= 40 for _, _, d in same_model)
+        digest = hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+        names.append(slug(f"{runs[0].model}-{distinct}") if readable else slug(f"{runs[0].model}-{digest[:8]}"))
+    return names
 
 
 def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
-    by_settings: dict[str, Group] = {}
+    """The runs grouped by their comparison settings, each group screened and paired (pure: the runs given are not
+    changed; a group holds screened copies)."""
+    by_settings: dict[str, tuple[dict, list[Run]]] = {}
     for run in runs:
         settings = {k: v for k, v in comparison_settings(run.config).items() if not declared.is_tuned(k)}
-        by_settings.setdefault(settings_key(settings), Group(settings, [])).runs.append(run)
-    groups = sorted(join_layers(list(by_settings.values())),
-                    key=lambda g: (g.model, g.branch_step or 0, g.runs[0].name))  # branches by their K
-    for group in groups:
-        if group.branch_step is not None:
-            group.runs += continuing_sources(group.runs)
-    for group in groups:
-        own = present(group.settings)
-        others = [present(g.settings) for g in groups if g is not group and g.model == group.model]  # the title: model
-        differing = sorted(
-            {k for o in others for k in own.keys() | o.keys() if own.get(k) != o.get(k)},
-            key=lambda k: (k.startswith("callbacks."), k),  # callbacks last: mostly copies of other settings
-        )
-        shown = [f"{k}={group.settings.get(k, 'absent')}" for k in differing[:4]]
-        group.distinct = ", ".join(shown) + (f" and {len(differing) - 4} more" if len(differing) > 4 else "")
-        group.check_tuned(declared)
-        group.check_and_pair(declared)
-    for model in {g.model for g in groups}:
-        same_model = [g for g in groups if g.model == model]
-        if len(same_model) == 1:
-            same_model[0].slug = slug(model)
-            continue
-        # each set apart by one setting (branch.step=200): named by it; else by a hash of its settings
-        named = [slug(f"{model}-{g.distinct}") for g in same_model]
-        readable = len(set(named)) == len(named) and all("," not in g.distinct and len(g.distinct) <= 40
-                                                         for g in same_model)
-        for group, name in zip(same_model, named):
-            digest = hashlib.sha1(json.dumps(group.settings, sort_keys=True, default=str).encode()).hexdigest()
-            group.slug = name if readable else slug(f"{model}-{digest[:8]}")
+        by_settings.setdefault(settings_key(settings), (settings, []))[1].append(run)
+    found = sorted(join_layers(list(by_settings.values())),
+                   key=lambda f: (f[1][0].model, f[0].get("branch.step") or 0, f[1][0].name))  # branches by K
+    found = [(s, r + continuing_sources(r) if s.get("branch.step") is not None else r) for s, r in found]
+    described = [(s, r, distinct_settings(s, [o for o, other in found if other is not r
+                                                and other[0].model == r[0].model])) for s, r in found]
+    groups = []
+    for (settings, members, distinct), name in zip(described, slugs(described)):
+        tuned = tuned_settings(members, declared)
+        screened = screen(members, declared.learning_check)
+        cells, comparisons = pair(screened.runs, screened.kept, declared, settings.get("branch.step"), tuned)
+        groups.append(Group(settings, unpaired_noted(screened.runs, comparisons), name, distinct, tuple(comparisons),
+                            cells, tuned, declared.learning_check))
     return groups
 
 

@@ -1,20 +1,24 @@
 """The report's numbers as CSV beside summary.md, so that anyone can audit it without rerunning: every run (runs.csv),
-every comparison of the family (comparisons.csv), the angle to 1 and its null at every norm site of every compared
-run and pretrained model at its last measured step (angles_by_site.csv: the uniform reference, all positions), and
-every ablation row (ablations.csv); for groups of branches, every comparison's paired difference at every validation
-from K (branch_losses.csv) and every arm's share along 1 at every measured step from K (branch_shares.csv)."""
+every paired comparison's difference at every validation (loss_by_validation.csv), the angle to 1 and its null at
+every norm site of every compared run and pretrained model at its last measured step, with each random direction's
+mean angle and mean cos² (angles_by_site.csv: the uniform reference, all positions), and every ablation row
+(ablations.csv); for groups of branches, every comparison's paired difference at every validation from K
+(branch_losses.csv) and every arm's share along 1 at every measured step from K (branch_shares.csv). The verdict's
+tables are written beside them by render.py."""
 
 import csv
 from pathlib import Path
 
-from normlab.probe.profiles import site_tick
+from normlab.probe.profiles import per_direction, site_tick
 from normlab.study.report.branches import differences_from_k, shares_from_k
-from normlab.study.report.contrasts import Contrast, sign_along_training
+from normlab.study.report.contrasts import Contrast
 from normlab.study.report.groups import Group, last_rows
 from normlab.study.report.pretrained import Pretrained
 
+# each random direction's mean angle and mean cos²: what the largest-of-sites statistics are computed from
+PER_DIRECTION = ("null_random_means_deg", "null_random_cos2")
 ANGLE_COLUMNS = ("step", "layer", "site", "count", "mean_deg", "std_deg", "mean_cos2", "null_random_mean_deg",
-                 "null_random_std_deg", "null_directions", "d")  # the per-direction lists stay in the runs' angles.csv
+                 "null_random_std_deg", "null_directions", "d", *PER_DIRECTION)
 ABLATION_COLUMNS = ("step", "ablation", "site", "layer", "role", "windows", "tokens", "loss", "ablated_loss", "delta",
                     "ci_low", "ci_high", "resampling_unit", "share_along_1")
 
@@ -34,23 +38,24 @@ def run_rows(groups: list[Group]) -> list[dict]:
             for g in groups for r in sorted(g.runs, key=lambda r: (r.norm.order, r.seed, r.name))]
 
 
-def comparison_rows(members: list[Contrast]) -> list[dict]:
+def validation_rows(members: list[Contrast]) -> list[dict]:
+    """Every paired comparison's difference at every validation step all its runs logged: per seed and the mean."""
     rows = []
     for m in members:
-        i = m.interval
-        rows.append({"group": m.group.title, "comparison": m.label, "method": m.method, "effect": m.effect,
-                     "primary": m.primary, "seeds": i.n, "per_seed": " ".join(f"{d:.9g}" for d in m.per_seed),
-                     "mean": i.mean, "sd": i.sd, "se": i.se, "df": i.df, "ci_low": i.low, "ci_high": i.high, "p": i.p,
-                     "holm_low": i.holm_low, "holm_high": i.holm_high, "holm_p": i.holm_p, "above_0": m.above,
-                     "sign_test_p": m.sign_p, "detectable_80": i.detectable,
-                     "second_half": sign_along_training(m.comparison) if m.comparison else ""})
+        if m.comparison is None:
+            continue
+        steps, differences = m.comparison.validation_differences()
+        for step, *per_seed in zip(steps, *differences):
+            rows.append({"group": m.group.title, "comparison": m.label, "step": step, "seeds": len(per_seed),
+                         "per_seed": " ".join(f"{d:.9g}" for d in per_seed), "mean": sum(per_seed) / len(per_seed)})
     return rows
 
 
 def angle_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dict]:
     measured = [(g.title, g.label(r.norm), r.name, r.seed, r.angles) for g in groups for r in g.runs if not r.left_out]
     measured += [(m.name, m.norm, m.name, "", m.angles) for m in pretrained]
-    return [{"group": group, "norm": norm, "run": run, "seed": seed, **row}
+    return [{"group": group, "norm": norm, "run": run, "seed": seed, **row,
+             **{k: " ".join(f"{v:.9g}" for v in per_direction(row, k) or []) for k in PER_DIRECTION}}
             for group, norm, run, seed, angles in measured for row in last_rows(angles)
             if row.get("reference") == "uniform" and row.get("position") in ("all", None)]
 
@@ -83,9 +88,8 @@ def write_numbers(folder: Path, groups: list[Group], pretrained: list[Pretrained
     tables = {
         "runs.csv": (["group", "run", "norm", "seed", "step", "max_steps", "final_val_loss", "final_validation_steps",
                       "unigram_loss", "learned", "status", "note"], run_rows(groups)),
-        "comparisons.csv": (["group", "comparison", "method", "effect", "primary", "seeds", "per_seed", "mean", "sd",
-                             "se", "df", "ci_low", "ci_high", "p", "holm_low", "holm_high", "holm_p", "above_0",
-                             "sign_test_p", "detectable_80", "second_half"], comparison_rows(members)),
+        "loss_by_validation.csv": (["group", "comparison", "step", "seeds", "per_seed", "mean"],
+                                   validation_rows(members)),
         "angles_by_site.csv": (identity + list(ANGLE_COLUMNS), angle_rows(groups, pretrained)),
         "ablations.csv": (identity + list(ABLATION_COLUMNS), ablation_rows(groups, pretrained)),
     }

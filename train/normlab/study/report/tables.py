@@ -14,6 +14,7 @@ from normlab.study.report.contrasts import Contrast, complete_blocks, sign_along
 from normlab.study.report.groups import Group, Series
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
+from normlab.study.report.render import Column, Table, markdown, text_columns
 from normlab.study.report.runs import LEARNED_MARGIN, Run
 from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, replacements, seeds_text
 from normlab.training.rundir.tables import step_ranges
@@ -31,39 +32,47 @@ def parameter_count(config: dict, cache: dict) -> int:
     return cache[key]
 
 
+RUN_COLUMNS = text_columns("run", "norm", "seed", "parameters", "step", "final val loss", "tokens/s (median)",
+                           "status", right=(2, 3, 4, 5, 6))
+
+
 def runs_table(group: Group, parameters: dict) -> str:
-    lines = ["| run | norm | seed | parameters | step | final val loss | tokens/s (median) | status |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+    rows = []
     for run in sorted(group.runs, key=lambda r: (r.norm.order, r.seed, r.name)):
         rates = [v for _, v in run.metrics.get("train/tokens_per_sec", [])[1:]]  # the first includes warm-up
-        step = f"{run.val_step or 0:,}" + (f" of {run.max_steps:,}" if run.max_steps else "")
-        status = f"**{run.left_out}**" if run.left_out else "compared" + (f"; {run.note}" if run.note else "")
-        status = status.replace("|", r"\|")  # a | in a command would end the cell
-        loss = f"{run.final_val_loss:.4f}" if math.isfinite(run.final_val_loss) else "—"
-        rate = f"{statistics.median(rates):,.0f}" if rates else "—"
-        lines.append(f"| {run.name} | {group.label(run.norm)} | {run.seed} | "
-                     f"{parameter_count(run.config, parameters):,} | {step} | {loss} | {rate} | {status} |")
-    return "\n".join(lines) + "\n"
+        rows.append({
+            "run": run.name, "norm": group.label(run.norm), "seed": run.seed,
+            "parameters": f"{parameter_count(run.config, parameters):,}",
+            "step": f"{run.val_step or 0:,}" + (f" of {run.max_steps:,}" if run.max_steps else ""),
+            "final val loss": f"{run.final_val_loss:.4f}" if math.isfinite(run.final_val_loss) else "—",
+            "tokens/s (median)": f"{statistics.median(rates):,.0f}" if rates else "—",
+            "status": f"**{run.left_out}**" if run.left_out else "compared" + (f"; {run.note}" if run.note else "")})
+    return markdown(Table("runs", RUN_COLUMNS, tuple(rows)))
+
+
+COMPARISON_COLUMNS = text_columns(
+    "comparison", "method", "pairs (seeds)", "difference per seed", "mean", "95% CI (t)", "simultaneous 95% CI, Holm p",
+    "excludes 0 after Holm", "above 0 (sign test p)", "80% power after Holm at", "along the second half",
+    right=(4, 9))
 
 
 def comparison_table(group: Group, members: list[Contrast]) -> str:
     """Each comparison of the group as a member of the report's family (contrasts.py): per seed, the interval and
-    its Holm twin, the sign test, the smallest detectable difference, and its sign along the second half."""
+    its simultaneous one with the Holm p, the sign test, the smallest detectable difference, and its sign along the
+    second half."""
     if not group.comparisons:
         return "No pair to compare: the group needs a centred and an uncentred finished run of one seed.\n"
-    lines = ["| comparison | method | pairs (seeds) | difference per seed | mean | 95% CI (t) | Holm-adjusted 95% CI, "
-             "p | excludes 0 after Holm | above 0 (sign test p) | 80% power at | along the second half |",
-             "|---|---|---|---|---:|---|---|---|---|---:|---|"]
-    for m in [m for m in members if m.comparison in group.comparisons]:
+    rows = []
+    for m in [m for m in members if m.group is group and m.comparison is not None]:
         c, i = m.comparison, m.interval
-        seeds = ", ".join(str(base.seed) for base, _ in c.pairs)
-        per_seed = ", ".join(i.number(d) for d in c.differences)
-        ci = "no interval: one pair" if i.low is None else f"[{i.number(i.low)}, {i.number(i.high)}] ({i.df} df)"
         excludes = "—" if i.holm_excludes_zero is None else "**yes**" if i.holm_excludes_zero else "no"
-        lines.append(f"| {c.label} | {m.method} | {i.n} ({seeds}) | {per_seed} | {i.number(i.mean)} | {ci} | "
-                     f"{i.holm_text() if i.low is not None else '—'} | {excludes} | {m.above} of {i.n} "
-                     f"({m.sign_p:.3g}) | {i.detectable_text()} | {sign_along_training(c)} |")
-    return "\n".join(lines) + "\n"
+        rows.append(dict(zip((col.keys[0] for col in COMPARISON_COLUMNS), (
+            c.label, m.method, f"{i.n} ({', '.join(str(base.seed) for base, _ in c.pairs)})",
+            ", ".join(i.number(d) for d in c.differences), i.number(i.mean),
+            "no interval: one pair" if i.low is None else f"[{i.number(i.low)}, {i.number(i.high)}] ({i.df} df)",
+            i.simultaneous_text() if i.low is not None else "—", excludes, f"{m.above} of {i.n} ({m.sign_p:.3g})",
+            i.detectable_text(), sign_along_training(c)))))
+    return markdown(Table("comparisons", COMPARISON_COLUMNS, tuple(rows)))
 
 
 def factorial_table(group: Group, members: list[Contrast]) -> str:
@@ -78,16 +87,18 @@ def factorial_table(group: Group, members: list[Contrast]) -> str:
     def mean(cell) -> str:
         return f"{names[cell]}: {statistics.fmean(b[cell] for b in blocks.values()):.4f}"
 
-    lines = ["| bias | centred | uncentred |", "|---|---|---|",
-             f"| with | {mean((True, True))} | {mean((False, True))} |",
-             f"| without | {mean((True, False))} | {mean((False, False))} |", "",
-             "| effect | estimate [95% CI] | Holm-adjusted | above 0 (sign test p) | 80% power at |",
-             "|---|---|---|---|---:|"]
-    for m in effects:
-        i, role = m.interval, "**primary**: " if m.primary else ""
-        lines.append(f"| {role}{m.label} | {i.text(f'{i.n} seeds, {i.df} df')} | {i.holm_text()} | "
-                     f"{m.above} of {i.n} ({m.sign_p:.3g}) | {i.detectable_text()} |")
-    return ("\n".join(lines) + f"\n\nThe cells: mean final loss over the {seeds_text(len(blocks))} every cell has "
+    cells = [{"bias": bias, "centred": mean((True, with_bias)), "uncentred": mean((False, with_bias))}
+             for bias, with_bias in (("with", True), ("without", False))]
+    rows = [{"effect": ("**primary**: " if m.primary else "") + m.label,
+             "estimate [95% CI]": m.interval.text(f"{m.interval.n} seeds, {m.interval.df} df"),
+             "simultaneous, Holm": m.interval.simultaneous_text(),
+             "above 0 (sign test p)": f"{m.above} of {m.interval.n} ({m.sign_p:.3g})",
+             "80% power after Holm at": m.interval.detectable_text()} for m in effects]
+    effect_columns = text_columns("effect", "estimate [95% CI]", "simultaneous, Holm", "above 0 (sign test p)",
+                                  "80% power after Holm at", right=(4,))
+    tables = markdown(Table("cells", text_columns("bias", "centred", "uncentred"), tuple(cells))) + "\n" + markdown(
+        Table("effects", effect_columns, tuple(rows)))
+    return (tables.rstrip("\n") + f"\n\nThe cells: mean final loss over the {seeds_text(len(blocks))} every cell has "
             "(each seed a block: same initial weights, same batches). The effects: contrasts of the cell means with "
             "the pooled residual of seed + cell (3(n − 1) df); > 0: the first-named side has the higher loss (the "
             "centring lowers the loss; the bias raises it; the centring helps more with a bias than without).\n")
@@ -155,8 +166,9 @@ def evaluation_values(run: Run) -> dict[tuple[str, str], tuple[int, float]]:
 def evaluation_table(group: Group) -> str:
     """Per comparison, task and metric of normlab-eval: uncentred minus centred (or one norm minus the other it is
     compared with), paired by seed, with its t interval."""
-    lines = ["| comparison | task | metric | pairs (seeds) | steps | difference per seed | mean | 95% CI (t) | "
-             "excludes 0 |", "|---|---|---|---|---|---|---:|---|---|"]
+    columns = text_columns("comparison", "task", "metric", "pairs (seeds)", "steps", "difference per seed", "mean",
+                           "95% CI (t)", "excludes 0", right=(6,))
+    rows = []
     for c in group.comparisons:
         pairs = [(centred, evaluation_values(centred), evaluation_values(uncentred)) for centred, uncentred in c.pairs]
         for task, metric in sorted({k for _, cv, uv in pairs for k in cv.keys() & uv.keys()}):
@@ -167,13 +179,14 @@ def evaluation_table(group: Group) -> str:
             ci = "no interval: one pair" if i.low is None else f"[{i.low:+.4f}, {i.high:+.4f}]"
             excludes = "—" if i.excludes_zero is None else "**yes**" if i.excludes_zero else "no"
             steps = ", ".join(sorted({f"{v[0]:,}/{u[0]:,}" for _, v, u in found}))
-            lines.append(f"| {c.label} | {task} | {metric} | {i.n} ({', '.join(str(s) for s, _, _ in found)}) | "
-                         f"{steps} | {', '.join(f'{d:+.4f}' for d in differences)} | {i.mean:+.4f} | {ci} | "
-                         f"{excludes} |")
-    if len(lines) == 2:
+            rows.append(dict(zip((col.keys[0] for col in columns), (
+                c.label, task, metric, f"{i.n} ({', '.join(str(s) for s, _, _ in found)})", steps,
+                ", ".join(f"{d:+.4f}" for d in differences), f"{i.mean:+.4f}", ci, excludes))))
+    if not rows:
         return ""
-    return "\n".join(lines) + ("\n\nSteps: the checkpoints of a pair's runs, the subtracted norm's/the other's "
-                                "(each the newest in its eval/results.csv).\n")
+    return markdown(Table("evaluation", columns, tuple(rows))) + (
+        "\nSteps: the checkpoints of a pair's runs, the subtracted norm's/the other's (each the newest in its "
+        "eval/results.csv).\n")
 
 
 def layer_table(series: list[Series]) -> str:
@@ -188,7 +201,7 @@ def layer_table(series: list[Series]) -> str:
     for s, p in profiles:
         header += [f"{s.norm}: angle to 1 (step {step_text([p])}, {runs_text(len(s.angles))})",
                    "(angle − 90) / null sd", "share along 1"]
-    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    rows = []
     for key in keys:
         cells = [site_tick(key)]
         for _, p in profiles:
@@ -199,11 +212,13 @@ def layer_table(series: list[Series]) -> str:
             spread = f" ± {point.seed_sd:.2f}" if point.seed_sd is not None else ""
             marker = "" if point.random_sd is not None else "‡"
             cells += [f"{point.mean:.2f}{spread}", f"{point.deviation:+.1f}{marker}", f"{point.share:.4f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(dict(enumerate(cells)))
+    columns = tuple(Column((i,), title, right=i > 0) for i, title in enumerate(header))  # keyed by position: two
+    # norms' columns share their titles
     d = profiles[0][1][keys[0]].d if keys[0] in profiles[0][1] else None
     null = (f" (a random direction's share averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
             "percentile among them)") if d else ""
-    return "\n".join(lines) + f"\n\nShare along 1: the mean cos² of the angle{null}.\n"
+    return markdown(Table("layers", columns, tuple(rows))) + f"\nShare along 1: the mean cos² of the angle{null}.\n"
 
 
 def group_section(group: Group, parameters: dict, members: list[Contrast]) -> str:

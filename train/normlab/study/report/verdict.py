@@ -1,5 +1,6 @@
-"""The verdict: one row per model and norm (the paired loss difference, the largest deviation of a mean angle to 1
-from the null, the largest share along 1 and the ablation at every norm), its footnotes and how to read it."""
+"""The verdict: the primary contrasts in words, the two tables of numbers (verdict_tables.py: the family of
+comparisons, the norms' angles, shares and ablations), each norm in words below them, its footnotes and how to read
+it."""
 
 from collections import defaultdict
 from dataclasses import dataclass
@@ -8,10 +9,12 @@ from normlab.probe.extremes import Unavailable, extremes
 from normlab.probe.profiles import Point, last_step, profile, runs_text, site_tick
 from normlab.probe.shares import ShareExtremes, share_extremes
 from normlab.study.report.contrasts import Contrast, primary_of
-from normlab.study.report.groups import Comparison, Group, Series, last_rows
+from normlab.study.report.groups import Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
+from normlab.study.report.render import markdown
 from normlab.study.report.runs import LEARNED_MARGIN
+from normlab.study.report.verdict_tables import comparison_table, norm_table
 
 DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
@@ -141,28 +144,15 @@ def angle_cells(series: Series, row_steps: set[int] = frozenset()) -> AngleCells
     return AngleCells(f"{deviation}; {sign_invariant_text(shares)}", share_text, no_share_null=no_share_null)
 
 
-def replacements(comparisons: list[Comparison]) -> str:
+def replacements(comparisons: list) -> str:
     """' (dyt, scalenorm: − layernorm)': the comparisons of one norm in place of another, by the norm each is
-    compared with ('' where there is none): what the loss columns hold beside uncentred − centred."""
+    compared with ('' where there is none): what a table of uncentred − centred holds beside it."""
     against: dict[str, list[str]] = defaultdict(list)
     for c in comparisons:
         if not c.centring and not c.role and c.other not in against[c.base]:
             against[c.base].append(c.other)
     shown = "; ".join(f"{', '.join(others)}: − {base}" for base, others in against.items())
     return f" ({shown})" if shown else ""
-
-
-def verdict_header(replaced: str, pointwise: list[str]) -> str:
-    """The table's header: `replaced` (replacements()) where a loss is of one norm in place of another, and the
-    point-wise layers whose ablation centres the input of their map."""
-    ablation = "centring removed from LN, added to RMS" + (
-        f" and before the point-wise map of {', '.join(pointwise)}" if pointwise else "")
-    return (f"| model | norm | runs | step | final val loss, uncentred − centred{replaced}, paired by seed: mean "
-            "[95% t interval] | mean angle to 1 at the norm inputs: the site farthest from 90°, in sds of the same "
-            "mean to random directions, against the largest of all sites; beside it the same for the mean cos² "
-            "along 1, blind to its sign | largest share of ‖x‖² along 1 at the norm inputs, with its percentile "
-            f"among random directions' shares | ablation at every norm ({ablation}): Δ loss [95% interval: t over "
-            "seeds, bootstrap for one run] |\n|---|---|---:|---:|---|---|---|---|")
 
 
 ROUNDING_NOTE = ("one seed: its difference includes the rounding noise of this CPU's kernels, amplified over "
@@ -179,7 +169,8 @@ def loss_cell(member: Contrast) -> str:
     verdict = "**excludes 0 after Holm**" if interval.holm_excludes_zero else (
         "excludes 0 alone, not after Holm" if interval.excludes_zero else "includes 0")
     return (f"{member.label}: {interval.text(f'{seeds_text(interval.n)}, {interval.df} df')}, "
-            f"{interval.holm_text()}: {verdict}; {member.sign_text()}; 80% power at {interval.detectable_text()}")
+            f"{interval.simultaneous_text()}: {verdict}; {member.sign_text()}; 80% power after Holm at "
+            f"{interval.detectable_text()}")
 
 
 def primary_text(members: list[Contrast]) -> str:
@@ -204,105 +195,76 @@ def primary_text(members: list[Contrast]) -> str:
     return "".join(f"{line}\n\n" for line in lines)
 
 
-def did_not_learn_row(model: str, group: Group, arm) -> str | None:
-    """The row of a norm none of whose runs learned more than token frequencies (Run.learned), else None."""
+def did_not_learn_text(group: Group, arm) -> str | None:
+    """Why a norm none of whose runs learned more than token frequencies (Run.learned) is compared with nothing."""
     runs = [r for r in group.runs if r.norm == arm]
     if not runs or any(r.learned is not False for r in runs):
         return None
     losses = sorted(r.final_val_loss for r in runs)
-    return (f"| {model} | {group.label(arm)} | 0 of {len(runs)} | — | did not learn: final val loss "
-            f"{losses[0]:.4f}-{losses[-1]:.4f}, not {LEARNED_MARGIN} below {group.unigram_loss:.4f} (the held-out "
-            "cross-entropy of token frequencies alone): left out of every comparison | — | — | not read: the "
-            "output of a model that ignores its input ignores that input's mean too, so a Δ of 0 says nothing "
-            "of centring |")
+    return (f"did not learn: final val loss {losses[0]:.4f}-{losses[-1]:.4f}, not {LEARNED_MARGIN} below "
+            f"{group.unigram_loss:.4f} (the held-out cross-entropy of token frequencies alone): left out of every "
+            "comparison; its ablation not read: the output of a model that ignores its input ignores that input's "
+            "mean too, so a Δ of 0 says nothing of centring")
 
 
-def verdict_rows(group: Group, cells: list[AngleCells], members: list[Contrast]) -> list[str]:
-    """The group's rows of the verdict table; the angle cells of each go to `cells` too (for the footnotes)."""
-    rows = []
+def detail_lines(group: Group, cells: list[AngleCells]) -> list[str]:
+    """The group's norms in words below the verdict's tables (each seed's ablation, the most extreme run, the
+    sites whose ablation changes sign); the angle cells of each go to `cells` too (for the footnotes)."""
+    lines = []
     model = f"{group.title}†" if group.model in DEMO_MODELS else group.title
     for arm in group.arms():
         runs, s = group.compared(arm), group.series_of(arm)
         if not runs:
-            if row := did_not_learn_row(model, group, arm):
-                rows.append(row)
+            if text := did_not_learn_text(group, arm):
+                lines.append(f"- {model}, {group.label(arm)}: {text}.")
             continue
         steps = sorted({r.val_step for r in runs})
-        if found := [m for m in members if m.comparison is not None and m.comparison in group.comparisons
-                     and m.comparison.other == s.norm]:
-            loss = "; ".join(map(loss_cell, found))
-        else:
-            loss = "reference" if any(c.base == s.norm for c in group.comparisons) else "no pair"
         angles = angle_cells(s, set(steps))
         cells.append(angles)
         ablation = ablation_cell(s, f"normlab-ablate model_path={runs[0].dir}", set(steps))
-        rows.append(f"| {model} | {s.norm} | {len(runs)} | {', '.join(f'{x:,}' for x in steps)} | {loss} | "
-                    f"{angles.deviation} | {angles.share} | {ablation} |")
-    left_out = [r for r in group.runs if r.left_out]
-    if not rows and left_out:
-        rows.append(f"| {model} | — | 0 | — | nothing compared: {runs_text(len(left_out))} left out (see below) "
-                    "| | | |")
-    return rows
+        lines.append(f"- {model}, {s.norm} ({runs_text(len(runs))}, step {', '.join(f'{x:,}' for x in steps)}): "
+                     f"angles: {angles.deviation}. Share along 1: {angles.share}. Ablation: {ablation}.")
+    if not lines and (left_out := [r for r in group.runs if r.left_out]):
+        lines.append(f"- {model}: nothing compared: {runs_text(len(left_out))} left out (see below).")
+    return lines
 
 
-def pretrained_row(model: Pretrained, cells: list[AngleCells]) -> str:
+def pretrained_line(model: Pretrained, cells: list[AngleCells]) -> str:
     (s,) = model.series()
     step = last_step(model.angles)
     angles = angle_cells(s, {step})
     cells.append(angles)
     source = next((r.get("source") for r in model.angles if r.get("source")), "<the model's directory>")
     ablation = ablation_cell(s, f"normlab-ablate model_path={source}", {step})
-    return (f"| {model.name} (pretrained) | {s.norm} | 1 | {step:,} | pretrained: no loss comparison | "
-            f"{angles.deviation} | {angles.share} | {ablation} |")
+    return (f"- {model.name} (pretrained), {s.norm} (step {step:,}; no loss comparison): angles: {angles.deviation}. "
+            f"Share along 1: {angles.share}. Ablation: {ablation}.")
 
 
 HOW_TO_READ = """\
-How to read it. Each row is one model size and norm, at the step in its step column (a cell measured at another step
-names it); the runs of a size differ only in the norm and the seed, and the runs of one seed start from the same
-weights and see the same batches.
-- Loss: a run's final loss is the mean of its last validations (analysis.final_validations). The loss cell is the
-  uncentred run's minus the centred one's, one pair per seed, with a 95% t interval over the seeds (it assumes their
-  differences are normal; with 2 seeds t = 12.7, so the interval is wide); the four norms of a complete centring ×
-  bias 2x2 are one factorial blocked by seed, whose pooled residual gives every contrast of it 3(n − 1) degrees of
-  freedom. All comparisons are one family: beside each interval is its Holm-adjusted twin, and only one that
-  excludes 0 after Holm is bold. An interval that excludes 0 says the mean difference over seeds is unlikely to be
-  0, not that every seed agrees (the count above 0, with its exact sign test, says that); one that includes 0 says
-  these seeds cannot tell, not that the norms are equal: "80% power at ±x" is the smallest true difference that so
-  many seeds, at the spread seen, would detect 4 times in 5. A run that did not learn more than token frequencies is
-  compared with nothing.
-- Angle, signed: at each norm input, the mean angle to 1 (over the probe's tokens, averaged over the seeds) against
-  the same mean taken for random directions, on the scale of what is compared (a seed average against seed averages).
-  The column names the most extreme of all sites; p is the share of random directions whose own most extreme site is
-  at least as far out, so it accounts for choosing the largest of many sites. A small p says 1 is special among
-  directions; a large one says this probe cannot tell 1 from a random direction, not that it is one. Seeds whose
-  1-components point opposite ways (one at 86°, another at 92°) cancel in this average. The most extreme run was
-  picked among R runs: beside its p for one run stands 1 − (1 − p)^R, that of the most extreme of R (Šidák).
-- Angle, sign-invariant: each seed's mean cos² along 1 in sds of its own random directions' mean cos², summed over
-  the seeds and divided by √seeds (Stouffer), the largest |z| of all sites against the largest of each random
-  direction's. It sees a 1-component of either sign, so opposite seeds add up here instead of cancelling; + says 1
-  holds more of ‖x‖² than random directions do, − less. A small p beside a large signed p says the seeds hold a
-  1-component whose sign they do not share.
-- Share: how much of the inputs' squared norm lies along 1, which is what a mean subtraction removes, at the site
-  where it is largest, and its percentile among random directions' shares there (seed averages; a random direction
-  holds 1/d on average, but their spread is wide): of that site alone, not corrected for picking it (the
-  sign-invariant p is).
-  In an LN model nothing reads the residual stream before a norm removes that component, so the loss cannot see it
-  and its angles are partly so by construction: the RMS rows are the informative ones.
-- Ablation: the change of loss when, at inference, LN's mean subtraction is removed or RMS's inputs are centred at
-  every norm. It asks whether this trained model relies on its centring (or would tolerate one); it does not say
-  whether centring helped training, which is the loss column's question. One seed: a bootstrap interval over the
-  probe (its unit named); several: a t interval over the seeds, each seed's own, and where their signs differ.
+How to read it. The runs of a model differ only in the norm and the seed, and the runs of one seed start from the
+same weights and see the same batches; a run's final loss is the mean of its last validations
+(analysis.final_validations). An interval that excludes 0 says the mean difference over seeds is unlikely to be 0,
+not that every seed agrees (>0 says that); one that includes 0 says these seeds cannot tell, not that the norms are
+equal. The ablation asks whether a trained model relies on its centring (or would tolerate one); it does not say
+whether centring helped training, which is the loss's question. Every number of the tables is in
+verdict_comparisons.csv and verdict_norms.csv at full precision; docs/report.md defines each.
 """
 
 
-def verdict(groups: list[Group], pretrained: list[Pretrained], members: list[Contrast]) -> tuple[str, str]:
-    """The primary contrasts, the verdict table (its header, a row per group and norm, one per pretrained model) and
-    its footnotes; `members`: the family of comparisons (contrasts.family)."""
+def verdict(groups: list[Group], pretrained: list[Pretrained], members: list[Contrast]) -> tuple[str, str, list]:
+    """The primary contrasts, the verdict's two tables (verdict_tables.py) with their captions, each norm in words
+    below them, and the footnotes; `members`: the family of comparisons (contrasts.family). (text, footnotes,
+    tables)."""
     cells: list[AngleCells] = []
-    rows = [r for g in groups for r in verdict_rows(g, cells, members)] + [pretrained_row(m, cells) for m in pretrained]
-    header = verdict_header(replacements([c for g in groups for c in g.comparisons]), pointwise_layers(groups))
+    details = [line for g in groups for line in detail_lines(g, cells)]
+    details += [pretrained_line(m, cells) for m in pretrained]
+    tables = ([comparison_table(members)] if members else []) + [norm_table(groups, pretrained)]
     primary = primary_text(members) if members else ""
-    return primary + "\n".join([header, *rows]) + "\n", footnotes(groups, cells)
+    text = primary + "\n".join(markdown(t) for t in tables)
+    if details:
+        text += "\nEach norm in words (per seed, the most extreme run, where signs differ):\n\n"
+        text += "\n".join(details) + "\n"
+    return text, footnotes(groups, cells), tables
 
 
 def pointwise_layers(groups: list[Group]) -> list[str]:
