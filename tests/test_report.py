@@ -217,7 +217,7 @@ def test_the_ablation_of_several_seeds_gives_a_t_interval_over_seeds_each_seed_a
 
     summary = (tmp_path / "out/summary.md").read_text()
     # 0.01 and 0.03: mean 0.02, sd 0.01414, half-width 12.7062 x 0.01414 / sqrt 2 = 0.1271; seed 1 ablated at step 8
-    assert "| tiny | rmsnorm | 2 | 10 | +0.0 | — | — | — | 0.0500 | — | +0.0200 | [-0.1071, +0.1471] |" in summary
+    assert "| tiny | rmsnorm | 2 | 10 | 0 | — | — | — | 0.0500 | — | +0.0200 | [-0.1071, +0.1471] |" in summary
     assert ("Ablation: centred: +0.0200 [-0.1071, +0.1471] (t over 2 seeds) (step 8, 10); per seed: seed 0 +0.0100 "
             "[+0.0080, +0.0120] (bootstrap over windows), seed 1 +0.0300 [+0.0250, +0.0350] (bootstrap over blocks of "
             "4096 tokens); sign changes between seeds at 1 of 1 sites (layer00.attn_norm).") in summary

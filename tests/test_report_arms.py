@@ -165,7 +165,7 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     assert "| tiny | dyt − layernorm | 3 | +0.2167 | [+0.0269, +0.4064] | [-0.0570, +0.4903] | 0.078 | 3 |" in summary
     assert ("| tiny | rmsnorm − layernorm | 3 | +0.0200 | [-0.0048, +0.0448] | "
             "[-0.0158, +0.0558] | 0.078 | 3 |") in summary
-    assert "| tiny | dyt | 3 | 10 | +0.0 | — | — | — | 0.0500 | — | +0.2000 | [+0.1500, +0.2500] |" in summary
+    assert "| tiny | dyt | 3 | 10 | 0 | — | — | — | 0.0500 | — | +0.2000 | [+0.1500, +0.2500] |" in summary
     assert ("Ablation: centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap over windows); 2 "
             "runs not ablated.") in summary
     assert (f"| {DYT} | paired t | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | [+0.0269, +0.4064] (2 df) "
