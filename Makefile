@@ -27,7 +27,7 @@ demo: data/embedded/meta.json
 	$(BIN)/normlab-train -m experiment=demo
 	$(BIN)/normlab-ablate -m probe.tokens=8192 \
 		model_path=checkpoints/demo/tiny-layernorm-seed0,checkpoints/demo/tiny-rmsnorm-seed0
-	$(BIN)/normlab-report runs=checkpoints/demo
+	$(BIN)/normlab-report runs=checkpoints/demo learning_check=unigram
 
 test: $(VENV)/.installed
 	bash slurm/local_cluster.sh || echo "warning: no one-node Slurm cluster (needs root and apt-get): tests/test_slurm.py cannot run"

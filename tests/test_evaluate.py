@@ -196,7 +196,7 @@ def test_the_runs_own_wandb_run_gets_the_results_unless_disabled(evaluated, tmp_
 
 
 def test_the_report_pairs_ln_and_rms_on_every_task_and_metric(evaluated, tmp_path):
-    report([evaluated / "runs"], tmp_path / "report", declared=Declared(learning_check=False))  # runs of 6 steps
+    report([evaluated / "runs"], tmp_path / "report", declared=Declared(learning_check="off"))  # runs of 6 steps
     summary = (tmp_path / "report" / "summary.md").read_text()
     assert "### Evaluation (normlab-eval), uncentred − centred, paired by seed" in summary
     ln, rms = (results(evaluated / "runs" / norm / "eval") for norm in NORMS)

@@ -230,7 +230,7 @@ def test_normlab_report_compares_the_runs_of_every_norm(runs, tmp_path):
     from normlab.study import report
     from normlab.study.report.groups import Declared
 
-    report.report([runs], tmp_path / "report", declared=Declared(learning_check=False))  # runs of a few steps
+    report.report([runs], tmp_path / "report", declared=Declared(learning_check="off"))  # runs of a few steps
     summary = (tmp_path / "report" / "summary.md").read_text()
     pairing = [n for n in NORMS if norms.traits(norm_layer(n)).centring_pair]
     for norm in NORMS:

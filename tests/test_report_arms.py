@@ -26,7 +26,7 @@ def test_screening_and_pairing_are_pure_functions_of_the_runs(tmp_path):
     make_run(tmp_path / "b", "tiny-rmsnorm-seed0", "rmsnorm", 0, 3.02, steps=6)  # unfinished
     make_run(tmp_path / "c", "tiny-layernorm-seed1", "layernorm", 1, 3.0)  # a replicate of a's
     runs, _ = find_runs([tmp_path])
-    screened = screen(runs, learning_check=True)
+    screened = screen(runs, learning_check="bigram")
     reasons = {r.name: r.left_out for r in screened.runs if r.left_out}
     assert reasons == {"b/tiny-rmsnorm-seed0": "unfinished: step 6 of 10: left out",
                        "c/tiny-layernorm-seed1": "same settings, norm and seed as a/tiny-layernorm-seed1: a "

@@ -15,6 +15,7 @@ from conftest import compose_config
 from normlab.probe.figure import angles_by_layer_figure
 from normlab.study.report.contrasts import factorial, family, intervals_of
 from normlab.study.report.figures import (
+    BIGRAM_LABEL,
     STYLE,
     UNIGRAM_LABEL,
     ablation_figure,
@@ -56,12 +57,12 @@ def conf_style(norm: str) -> dict:
     return dict(compose_config("train", [f"norm={norm}"]).norm.style)
 
 
-def group_of(root: Path, unigram_loss: float | None = None) -> Group:
-    """The one group of the runs under `root`, with the unigram loss given (not that of the prepared data that the
-    runs' config names, which this machine may or may not hold)."""
+def group_of(root: Path, unigram_loss: float | None = None, bigram_loss: float | None = None) -> Group:
+    """The one group of the runs under `root`, with the unigram and bigram losses given (not those of the prepared
+    data that the runs' config names, which this machine may or may not hold)."""
     (group,) = group_runs(find_runs([root])[0])
     for run in group.runs:
-        run.unigram_loss = unigram_loss
+        run.unigram_loss, run.bigram_loss = unigram_loss, bigram_loss
     return group
 
 
@@ -268,18 +269,21 @@ def test_the_loss_legend_names_each_norm_and_each_seed_once_and_a_run_left_out_b
     assert len({entries[f"seed {seed}"].get_linestyle() for seed in (0, 1, 2)}) == 3
 
 
-def test_the_loss_curves_draw_the_unigram_loss_where_it_is_known(tmp_path):
+def test_the_loss_curves_draw_the_unigram_and_bigram_losses_where_they_are_known(tmp_path):
     for (norm, seed), val in DYT_VAL.items():
         plant_losses(make_run(tmp_path, f"{norm}-seed{seed}", norm, seed), val)
     panels = ("training loss", "validation loss:\nnormalizing norms", "validation loss:\npoint-wise layers")
 
-    known, unknown = losses_figure(group_of(tmp_path, 5.5)), losses_figure(group_of(tmp_path, None))
+    known, unknown = losses_figure(group_of(tmp_path, 5.5, 4.6)), losses_figure(group_of(tmp_path, None))
 
     for title in panels:
-        line = line_labelled(axis_titled(known, title), UNIGRAM_LABEL)
-        assert list(line.get_ydata()) == [5.5, 5.5] and list(line.get_xdata()) == [0, 1]  # across the panel
-    assert UNIGRAM_LABEL in [one_line(text.get_text()) for text in known.legends[0].get_texts()]
-    assert not [line for ax in unknown.axes for line in ax.get_lines() if line.get_label() == UNIGRAM_LABEL]
+        for label, bar in ((UNIGRAM_LABEL, 5.5), (BIGRAM_LABEL, 4.6)):
+            line = line_labelled(axis_titled(known, title), label)
+            assert list(line.get_ydata()) == [bar, bar] and list(line.get_xdata()) == [0, 1]  # across the panel
+    legend = [one_line(text.get_text()) for text in known.legends[0].get_texts()]
+    assert UNIGRAM_LABEL in legend and BIGRAM_LABEL in legend
+    assert not [line for ax in unknown.axes for line in ax.get_lines()
+                if line.get_label() in (UNIGRAM_LABEL, BIGRAM_LABEL)]
 
 
 def plant_seeds(root: Path, angles: dict[str, list[float]], null_sd: dict[str, float]) -> Group:

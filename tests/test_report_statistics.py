@@ -4,12 +4,14 @@ centring x bias factorial against an independent least-squares fit, the sign of 
 final loss as a mean of the last validations, and the learning check against token frequencies."""
 
 import csv
+import json
 import math
 import re
 
 import numpy as np
 import pytest
 
+from normlab.data import bigram
 from normlab.data.unigram import SMOOTHING, cross_entropy, held_out_loss
 from normlab.probe.table import AnalysisError
 from normlab.study.report.contrasts import factorial, family, sign_along_training
@@ -171,28 +173,49 @@ def test_unigram_cross_entropy_by_hand(tmp_path):
 
 
 def test_prepare_keeps_the_learning_check_and_the_report_leaves_out_what_did_not_learn(prepared, tmp_path):
-    """The embedded corpus' unigram cross-entropy (kept by normlab-prepare, or computed from its files: the same
-    number); a run whose final loss is not clearly below it is left out of every comparison, and its ablation is not
-    read as tolerating centring."""
-    unigram = held_out_loss(prepared)
+    """The embedded corpus' unigram and bigram cross-entropies (kept by normlab-prepare, or computed from its files:
+    the same numbers); a run whose final loss is not clearly below the unigram's is left out of every comparison, and
+    its ablation is not read as tolerating centring; one below it but not clearly below the bigram model's is left out
+    too, unless learning_check=unigram."""
+    unigram, bigrams = held_out_loss(prepared), bigram.held_out_loss(prepared)
     assert 6.3 < unigram < 6.7  # Shakespeare's GPT-2 tokens: the issue measured 6.52-6.54
+    assert 5.0 < bigrams < 5.2  # and about 5.10 for a count bigram model
+    meta = json.loads((prepared / "meta.json").read_text())
+    assert bigram.of_splits(prepared, meta)["val"] == pytest.approx(meta[bigram.KEY]["val"], abs=1e-12)
     sweep = tmp_path / "exp"
     settings = {"data.dir": str(prepared)}
     for seed in range(2):
-        make_run(sweep, f"tiny-layernorm-seed{seed}", "layernorm", seed, 5.0 + seed / 100, settings=settings)
-        make_run(sweep, f"tiny-rmsnorm-seed{seed}", "rmsnorm", seed, 5.02 + seed / 100, settings=settings)
+        make_run(sweep, f"tiny-layernorm-seed{seed}", "layernorm", seed, 4.8 + seed / 100, settings=settings)
+        make_run(sweep, f"tiny-rmsnorm-seed{seed}", "rmsnorm", seed, 4.82 + seed / 100, settings=settings)
+        make_run(sweep, f"tiny-layernorm_nobias-seed{seed}", "layernorm_nobias", seed, bigrams - 0.03,
+                 settings=settings)
         make_run(sweep, f"tiny-dyt-seed{seed}", "dyt", seed, unigram + 0.07, settings=settings)
     report(f"runs={sweep}", f"out={tmp_path / 'out'}")
     summary = (tmp_path / "out/summary.md").read_text()
-    assert f"is {unigram:.4f} nats/token" in summary
+    assert f"is {unigram:.4f} nats/token" in summary and f"{bigrams:.4f} under its count bigram model" in summary
     assert summary.count("**did not learn: its final val loss") == 2
+    assert summary.count("**no better than bigrams: its final val loss") == 2
+    assert f"| {bigrams - (unigram + 0.07):+.4f} |" in summary  # dyt's margin below the bigram bar, in its row
     assert "| tiny | dyt | 0 | — | — | — | — | — | — | — | — | — |" in summary and "dyt − layernorm" not in summary
     assert "- tiny†, dyt: did not learn: final val loss" in summary
+    assert "- tiny†, layernorm_nobias: no better than bigrams: final val loss" in summary
     assert "a Δ of 0 says nothing of centring" in summary
+    assert "layernorm_nobias − layernorm" not in summary
+    with open(tmp_path / "out/runs.csv") as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    assert rows["tiny-layernorm_nobias-seed0"]["beyond_bigrams"] == "False"
+    assert float(rows["tiny-rmsnorm-seed1"]["bigram_loss"]) == pytest.approx(bigrams)
+    report(f"runs={sweep}", f"out={tmp_path / 'unigram'}", "learning_check=unigram")  # the demo's bar
+    lower = (tmp_path / "unigram/summary.md").read_text()
+    assert "no better than bigrams: its final" not in lower and "did not learn: its final" in lower
+    assert "2 of 8 runs compared all the same although not 0.05 below the bigram model's" in lower
     report(f"runs={sweep}", f"out={tmp_path / 'smoke'}", "learning_check=false")  # smoke runs: compared all the same
     smoke = (tmp_path / "smoke/summary.md").read_text()
     assert "dyt − layernorm" in smoke and "did not learn: its final" not in smoke
-    assert "Learning check: off (learning_check=false): every run is compared, 2 of 6 not 0.1 below" in smoke
+    assert "Learning check: off (learning_check=false): every run is compared, 2 of 8 not 0.1 below" in smoke
+    with pytest.raises(AnalysisError, match="learning_check=trigram: give bigram"):
+        report(f"runs={sweep}", f"out={tmp_path / 'bad'}", "learning_check=trigram")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_norms_at_their_own_tuned_learning_rates_are_compared_only_when_declared(tmp_path):

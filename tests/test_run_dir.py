@@ -26,7 +26,7 @@ from normlab.training.rundir.claim import Claim, process_start, this_process
 from normlab.training.rundir.files import RunDirError
 from normlab.training.rundir.tables import read_table
 
-SMOKE = Declared(learning_check=False)  # runs of a few steps, which learned nothing yet, compared all the same
+SMOKE = Declared(learning_check="off")  # runs of a few steps, which learned nothing yet, compared all the same
 
 
 def claim_of(run, **holder) -> Claim:

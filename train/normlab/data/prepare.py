@@ -41,7 +41,7 @@ from normlab.common import outputs
 from normlab.common.errors import DataError, NormlabError
 from normlab.common.paths import DOWNLOADS_DIR
 from normlab.common.progress import Progress
-from normlab.data import archives, hub, tokenizer, unigram
+from normlab.data import archives, bigram, hub, tokenizer, unigram
 from normlab.data.token_file import TokenFile
 from normlab.data.tokenizer import fetch_sdist
 
@@ -339,6 +339,7 @@ def prepare(data: DictConfig, num_proc: int = 2, ranks_file: str | None = None) 
                 meta["splits"][name] = write_split(part, encoding, new / f"{name}.bin", num_proc)
         if "probe" not in meta["splits"]:
             meta[unigram.KEY] = unigram.of_splits(new, meta)  # the report's learning check
+            meta[bigram.KEY] = bigram.of_splits(new, meta)  # and its bar beyond a lookup table
         with open(new / META_FILE, "w") as f:
             f.write(json.dumps(meta, indent=2) + "\n")
             f.flush()

@@ -7,7 +7,8 @@ layer's settings; what it is: what its class says, model.norms.traits) of the sa
 weights, same batches), and the paired differences of their final validation loss (the mean of their last
 analysis.final_validations) give a t-based 95% confidence interval; the four norms of a complete centring x bias 2x2
 are one factorial blocked by seed, and every comparison is a member of one family, Holm-adjusted (contrasts.py). A run
-whose final loss is not clearly below its data's held-out unigram cross-entropy did not learn, and is compared with
+whose final loss is not clearly below its data's held-out cross-entropy under a count bigram model (or, with
+learning_check=unigram, under token frequencies alone) is compared with
 nothing. Which norms are compared is declared (conf/report.yaml): the centring x bias 2x2 among the norms whose class
 says it is of it (LayerNorm, RMSNorm, with and without a bias) and every other norm (DyT, a user's) against the
 `reference` norm, or the `pairs` given. Unfinished runs (by their checkpoints' steps), runs whose final validation
@@ -37,7 +38,7 @@ from normlab.probe.table import AnalysisError
 from normlab.study.report.contrasts import family, intervals_of
 from normlab.study.report.dashboard import log_report, project_of
 from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
-from normlab.study.report.groups import Declared, group_runs
+from normlab.study.report.groups import LEARNING_CHECKS, Declared, group_runs
 from normlab.study.report.numbers import write_numbers
 from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.render import write_csv
@@ -144,8 +145,10 @@ def declared(cfg: DictConfig) -> Declared:
     if not isinstance(tuned, list) or not all(isinstance(k, str) and k for k in tuned):
         raise AnalysisError(f"tuned={tuned}: give [key,...], the dotted config keys tuned per norm, e.g. "
                             "[optimizer.lr]")
-    check = cfg.get("learning_check", True)
-    if not isinstance(check, bool):
-        raise AnalysisError(f"learning_check={check}: give true or false")
+    check = cfg.get("learning_check", "bigram")
+    check = "off" if check is False else check  # learning_check=false, as the command line gives it
+    if check not in LEARNING_CHECKS:
+        raise AnalysisError(f"learning_check={check}: give bigram (compare runs below a count bigram model's loss), "
+                            "unigram (below token frequencies') or false (compare every run: smoke runs)")
     return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs), tuple(tuned),
                     check)

@@ -41,6 +41,7 @@ REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction
 REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 UNIGRAM_LABEL = "unigram loss (token frequencies only)"
+BIGRAM_LABEL = "bigram loss (a count table of next tokens)"
 SEED_COLOR = "tab:gray"  # a seed's own line in the legend, and its paired difference
 ANGLE_LABEL = "angle (degrees)\nmean, bars ± std over tokens"
 YLABEL_WIDTH = 38  # characters: a y label's line as long as a loss-difference panel is high
@@ -208,8 +209,9 @@ def loss_panels(group: Group) -> dict[str, str]:
 
 def losses_figure(group: Group) -> Figure:
     """Training and validation loss of every run on axes of their own (loss_panels; colour: norm, line style and
-    marker: seed, in the legend once each; unfinished runs and replicates labelled), with the held-out unigram loss
-    where known (a run above it learned token frequencies only), and below them, per comparison, the paired
+    marker: seed, in the legend once each; unfinished runs and replicates labelled), with the held-out unigram and
+    bigram losses where known (a run above them did no more than count tokens or pairs of them), and below them, per
+    comparison, the paired
     difference of validation loss at each validation step (draw_differences), two to a row."""
     seeds = sorted({r.seed for r in group.runs})
     styles = norm_styles([AngleSeries(group.label(arm), [], style=arm.style) for arm in group.arms()])
@@ -243,6 +245,8 @@ def losses_figure(group: Group) -> Figure:
         axes[panel].set(title=title, ylabel="cross-entropy (nats/token)")
         if group.unigram_loss is not None:
             axes[panel].axhline(group.unigram_loss, color="black", ls="-.", lw=0.9, label=UNIGRAM_LABEL)
+        if group.bigram_loss is not None:
+            axes[panel].axhline(group.bigram_loss, color="dimgray", ls=":", lw=0.9, label=BIGRAM_LABEL)
     for i, comparison in enumerate(group.comparisons):
         draw_differences(axes[f"difference {i}"], comparison, seeds)
     for ax in axes.values():

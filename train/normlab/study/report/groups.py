@@ -17,7 +17,7 @@ from normlab.probe.figure import AngleSeries
 from normlab.probe.profiles import last_step
 from normlab.probe.table import AnalysisError
 from normlab.study.report.intervals import Interval
-from normlab.study.report.runs import CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, continuing_sources
+from normlab.study.report.runs import BIGRAM_MARGIN, CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, continuing_sources
 from normlab.training.rundir.config import flat, is_off
 
 if TYPE_CHECKING:
@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 LAYER_SETTINGS = "norm.layer."  # the layer's own: eps for a norm, alpha_init for DyT
 NORM_CHOICES = ("_target_", "bias")  # of the layer's settings, those that tell the norms of a group apart
 PAIRING_KEYS = ("seed", "data.seed", "branch.source")  # the source: a branch's pairing (Run.pairing), not its group
+# learning_check's values: a compared run's final loss must lie clearly below a count bigram model's (and so below
+# token frequencies' too), only below token frequencies', or nothing (smoke runs of a few steps, which learned nothing)
+LEARNING_CHECKS = ("bigram", "unigram", "off")
 ARM_KEYS = ("branch.zero_mean_writers",)  # part of the arm a run is (runs.CONTROL), not of its group
 
 
@@ -37,7 +40,7 @@ class Declared:
     reference: str = "layernorm"
     pairs: tuple[tuple[str, str], ...] = ()
     tuned: tuple[str, ...] = ()
-    learning_check: bool = True  # False: runs that did not learn are compared too (smoke runs of a few steps)
+    learning_check: str = "bigram"  # which bar a compared run must pass (LEARNING_CHECKS)
 
     def is_tuned(self, key: str) -> bool:
         return any(key == k or key.startswith(f"{k}.") for k in self.tuned)
@@ -154,7 +157,7 @@ class Group:
     comparisons: tuple[Comparison, ...] = ()
     cells: dict[tuple[bool, bool], Arm] = field(default_factory=dict)  # the 2x2's norms by (centres, bias)
     tuned: tuple[str, ...] = ()  # the declared tuned settings its norms differ in
-    learning_check: bool = True  # whether runs that did not learn were left out (Declared.learning_check)
+    learning_check: str = "bigram"  # the bar its compared runs passed (Declared.learning_check)
 
     @property
     def model(self) -> str:
@@ -170,6 +173,12 @@ class Group:
         """The held-out split's unigram cross-entropy under the training split's token frequencies (nats/token): a
         run whose final validation loss is not clearly below it learned token frequencies and nothing else."""
         return next((r.unigram_loss for r in self.runs if r.unigram_loss is not None), None)
+
+    @property
+    def bigram_loss(self) -> float | None:
+        """The held-out split's cross-entropy under a count bigram model of the training split (nats/token): a run
+        whose final loss is not clearly below it did no more than a table of which token follows which."""
+        return next((r.bigram_loss for r in self.runs if r.bigram_loss is not None), None)
 
     @property
     def title(self) -> str:
@@ -235,19 +244,23 @@ class Screening:
     kept: dict[Arm, dict[tuple, Run]]
 
 
-def screen(runs, learning_check: bool) -> Screening:
+def screen(runs, learning_check: str) -> Screening:
     """Runs without a final loss to compare (Run.incomplete: unfinished, ...), runs that did not learn more than
-    token frequencies (Run.learned; unless learning_check is off) and replicates (the same norm and seed as another,
-    the furthest trained kept) left out, each with its reason."""
+    token frequencies (Run.learned) or, under learning_check=bigram, no more than a bigram table (Run.beyond_bigrams),
+    and replicates (the same norm and seed as another, the furthest trained kept) left out, each with its reason."""
     kept: dict[Arm, dict[tuple, Run]] = defaultdict(dict)
     screened = {}
     for run in sorted(runs, key=lambda r: (-(r.val_step or 0), r.name)):
         reason = ""
         if run.incomplete:
             reason = f"{run.incomplete}: left out"
-        elif run.learned is False and learning_check:
+        elif run.learned is False and learning_check != "off":
             reason = (f"did not learn: its final val loss {run.final_val_loss:.4f} is not {LEARNED_MARGIN} below "
                       f"{run.unigram_loss:.4f}, the held-out cross-entropy of token frequencies alone: left out of "
+                      "every comparison")
+        elif run.beyond_bigrams is False and learning_check == "bigram":
+            reason = (f"no better than bigrams: its final val loss {run.final_val_loss:.4f} is not {BIGRAM_MARGIN} "
+                      f"below {run.bigram_loss:.4f}, the held-out cross-entropy of a count bigram model: left out of "
                       "every comparison")
         elif run.pairing in kept[run.norm]:
             reason = f"same settings, norm and seed as {kept[run.norm][run.pairing].name}: a replicate, left out"

@@ -34,7 +34,8 @@ def run_rows(groups: list[Group]) -> list[dict]:
     return [{"group": g.title, "run": r.name, "norm": g.label(r.norm), "seed": r.seed, "step": r.val_step,
              "max_steps": r.max_steps, "final_val_loss": r.final_val_loss,
              "final_validation_steps": " ".join(str(s) for s, _ in r.final_validations),
-             "unigram_loss": r.unigram_loss, "learned": r.learned, "status": r.left_out or "compared", "note": r.note}
+             "unigram_loss": r.unigram_loss, "learned": r.learned, "bigram_loss": r.bigram_loss,
+             "beyond_bigrams": r.beyond_bigrams, "status": r.left_out or "compared", "note": r.note}
             for g in groups for r in sorted(g.runs, key=lambda r: (r.norm.order, r.seed, r.name))]
 
 
@@ -87,7 +88,7 @@ def write_numbers(folder: Path, groups: list[Group], pretrained: list[Pretrained
     identity = ["group", "norm", "run", "seed"]
     tables = {
         "runs.csv": (["group", "run", "norm", "seed", "step", "max_steps", "final_val_loss", "final_validation_steps",
-                      "unigram_loss", "learned", "status", "note"], run_rows(groups)),
+                      "unigram_loss", "learned", "bigram_loss", "beyond_bigrams", "status", "note"], run_rows(groups)),
         "loss_by_validation.csv": (["group", "comparison", "step", "seeds", "per_seed", "mean"],
                                    validation_rows(members)),
         "angles_by_site.csv": (identity + list(ANGLE_COLUMNS), angle_rows(groups, pretrained)),

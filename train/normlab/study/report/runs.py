@@ -162,6 +162,9 @@ RUN_CONFIG_KEYS = ("model.name", "norm.name", "seed")  # what the report needs o
 # A run learned more than token frequencies if its final loss is this far below their cross-entropy (nats/token): a
 # language model's first gain beyond unigram statistics is several tenths (bigrams), 0.1 leaves rounding far behind
 LEARNED_MARGIN = 0.1
+# A run did more than a table of which token follows which if its final loss is this far below that table's
+# cross-entropy (data/bigram.py): the table's own estimate moves by a few hundredths with the text it is fit on
+BIGRAM_MARGIN = 0.05
 
 
 def read_config(path: Path) -> dict:
@@ -239,6 +242,7 @@ class Run:
     saved_step: int | None = None  # the highest step of its checkpoints (None: none, e.g. a copy of its tables)
     nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metrics.csv: column -> steps not finite
     unigram_loss: float | None = None  # its data's held-out unigram cross-entropy (data/unigram.py): the learning check
+    bigram_loss: float | None = None  # and its count bigram model's (data/bigram.py): the bar beyond a lookup table
     role: str = ""  # CONTINUING: a branch's source, read into the branch's group (continuing_sources)
 
     @property
@@ -300,6 +304,14 @@ class Run:
         return self.final_val_loss < self.unigram_loss - LEARNED_MARGIN
 
     @property
+    def beyond_bigrams(self) -> bool | None:
+        """Whether its final loss lies clearly (BIGRAM_MARGIN) below the held-out cross-entropy of a count bigram
+        model of its data; None where either is unknown."""
+        if self.bigram_loss is None or not math.isfinite(self.final_val_loss):
+            return None
+        return self.final_val_loss < self.bigram_loss - BIGRAM_MARGIN
+
+    @property
     def incomplete(self) -> str:
         """Why the run's final validation loss cannot be compared ('' when it can): the run is unfinished (by the
         steps of its checkpoints, or where it has none by its last validation row), or that loss is not finite, or
@@ -326,10 +338,17 @@ def unigram_loss(data_dir: str) -> float | None:
     return held_out_loss(Path(data_dir))
 
 
+@functools.cache
+def bigram_loss(data_dir: str) -> float | None:
+    from normlab.data.bigram import held_out_loss  # here: it imports numpy
+
+    return held_out_loss(Path(data_dir))
+
+
 def load_run(run_dir: Path, name: str, role: str = "") -> Run:
     run = Run(run_dir, name, read_config(run_dir / "config.yaml"), saved_step=saved_step(run_dir), role=role)
     if data_dir := (run.config.get("data") or {}).get("dir"):
-        run.unigram_loss = unigram_loss(str(data_dir))
+        run.unigram_loss, run.bigram_loss = unigram_loss(str(data_dir)), bigram_loss(str(data_dir))
     try:
         rows, run.nonfinite = screened(run_dir / "metrics.csv", read_rows(run_dir / "metrics.csv", metric_value),
                                        "metrics")

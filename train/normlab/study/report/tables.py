@@ -15,7 +15,7 @@ from normlab.study.report.groups import Group, Series
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.render import Column, Table, markdown, text_columns
-from normlab.study.report.runs import LEARNED_MARGIN, Run
+from normlab.study.report.runs import BIGRAM_MARGIN, LEARNED_MARGIN, Run
 from normlab.study.report.verdict import DEMO_MODELS, DEMO_NOTE, replacements, seeds_text
 from normlab.training.rundir.tables import step_ranges
 
@@ -32,8 +32,13 @@ def parameter_count(config: dict, cache: dict) -> int:
     return cache[key]
 
 
-RUN_COLUMNS = text_columns("run", "norm", "seed", "parameters", "step", "final val loss", "tokens/s (median)",
-                           "status", right=(2, 3, 4, 5, 6))
+RUN_COLUMNS = text_columns("run", "norm", "seed", "parameters", "step", "final val loss", "below unigram",
+                           "below bigram", "tokens/s (median)", "status", right=(2, 3, 4, 5, 6, 7, 8))
+
+
+def margin(bar: float | None, loss: float) -> str:
+    """How far a final loss lies below a bar (nats/token; > 0: below it)."""
+    return f"{bar - loss:+.4f}" if bar is not None and math.isfinite(loss) else "—"
 
 
 def runs_table(group: Group, parameters: dict) -> str:
@@ -45,6 +50,8 @@ def runs_table(group: Group, parameters: dict) -> str:
             "parameters": f"{parameter_count(run.config, parameters):,}",
             "step": f"{run.val_step or 0:,}" + (f" of {run.max_steps:,}" if run.max_steps else ""),
             "final val loss": f"{run.final_val_loss:.4f}" if math.isfinite(run.final_val_loss) else "—",
+            "below unigram": margin(run.unigram_loss, run.final_val_loss),
+            "below bigram": margin(run.bigram_loss, run.final_val_loss),
             "tokens/s (median)": f"{statistics.median(rates):,.0f}" if rates else "—",
             "status": f"**{run.left_out}**" if run.left_out else "compared" + (f"; {run.note}" if run.note else "")})
     return markdown(Table("runs", RUN_COLUMNS, tuple(rows)))
@@ -120,17 +127,28 @@ def final_loss_note(group: Group) -> str:
              else f"steps {step_ranges(steps)}")
     text = (f"Final val loss: the mean of a run's last {len(runs[0].final_validations)} validation"
             f"{'s' * (len(runs[0].final_validations) > 1)} ({where}){lr}.")
-    if group.unigram_loss is not None and not group.learning_check:
-        failed = sum(r.learned is False for r in group.runs)
-        text += (f" Learning check: off (learning_check=false): every run is compared, {failed} of {len(group.runs)} "
-                 f"not {LEARNED_MARGIN} below {group.unigram_loss:.4f}, the cross-entropy of token frequencies alone.")
-    elif group.unigram_loss is not None:
-        text += (f" Learning check: the held-out split's cross-entropy under the training split's token frequencies "
-                 f"is {group.unigram_loss:.4f} nats/token; a run whose final loss is not {LEARNED_MARGIN} below it "
-                 "learned token frequencies and nothing else, and is compared with nothing.")
-    else:
-        text += " Learning check: not made (the runs' prepared data, data.dir, is not there)."
-    return text + "\n"
+    return text + learning_check_text(group) + "\n"
+
+
+def learning_check_text(group: Group) -> str:
+    """The bars a compared run passed (learning_check): each one's held-out cross-entropy and margin."""
+    if group.unigram_loss is None:
+        return " Learning check: not made (the runs' prepared data, data.dir, is not there)."
+    bars = (f"the held-out split's cross-entropy is {group.unigram_loss:.4f} nats/token under the training split's "
+            "token frequencies" + (f", {group.bigram_loss:.4f} under its count bigram model (data/bigram.py)"
+                                   if group.bigram_loss is not None else ""))
+    below_unigram = sum(r.learned is False for r in group.runs)
+    below_bigram = sum(r.beyond_bigrams is False and not r.left_out for r in group.runs)  # compared all the same
+    if group.learning_check == "off":
+        return (f" Learning check: off (learning_check=false): every run is compared, {below_unigram} of "
+                f"{len(group.runs)} not {LEARNED_MARGIN} below token frequencies' loss; {bars}.")
+    if group.learning_check == "unigram" or group.bigram_loss is None:
+        return (f" Learning check: {bars}; a run whose final loss is not {LEARNED_MARGIN} below token frequencies' "
+                "learned them and nothing else, and is compared with nothing"
+                + (f" ({below_bigram} of {len(group.runs)} runs compared all the same although not {BIGRAM_MARGIN} "
+                   "below the bigram model's: learning_check=unigram)." if group.bigram_loss is not None else "."))
+    return (f" Learning check: {bars}; a run whose final loss is not {BIGRAM_MARGIN} below the bigram model's did "
+            "no more than a table of which token follows which, and is compared with nothing.")
 
 
 def lr_fractions(run: Run, step: int) -> tuple[float, float] | None:

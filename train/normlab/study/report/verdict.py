@@ -13,7 +13,7 @@ from normlab.study.report.groups import Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.render import markdown
-from normlab.study.report.runs import LEARNED_MARGIN
+from normlab.study.report.runs import BIGRAM_MARGIN, LEARNED_MARGIN
 from normlab.study.report.verdict_tables import comparison_table, norm_table
 
 DEMO_MODELS = ("tiny",)
@@ -196,15 +196,22 @@ def primary_text(members: list[Contrast]) -> str:
 
 
 def did_not_learn_text(group: Group, arm) -> str | None:
-    """Why a norm none of whose runs learned more than token frequencies (Run.learned) is compared with nothing."""
+    """Why a norm none of whose runs learned more than token frequencies (Run.learned), or under learning_check=bigram
+    more than a bigram table (Run.beyond_bigrams), is compared with nothing."""
     runs = [r for r in group.runs if r.norm == arm]
-    if not runs or any(r.learned is not False for r in runs):
+    if not runs or group.learning_check == "off":
         return None
     losses = sorted(r.final_val_loss for r in runs)
-    return (f"did not learn: final val loss {losses[0]:.4f}-{losses[-1]:.4f}, not {LEARNED_MARGIN} below "
-            f"{group.unigram_loss:.4f} (the held-out cross-entropy of token frequencies alone): left out of every "
-            "comparison; its ablation not read: the output of a model that ignores its input ignores that input's "
-            "mean too, so a Δ of 0 says nothing of centring")
+    span = f"final val loss {losses[0]:.4f}-{losses[-1]:.4f}"
+    why = ("its ablation not read: the output of a model that ignores its input ignores that input's mean too, so a Δ "
+           "of 0 says nothing of centring")
+    if all(r.learned is False for r in runs):
+        return (f"did not learn: {span}, not {LEARNED_MARGIN} below {group.unigram_loss:.4f} (the held-out "
+                f"cross-entropy of token frequencies alone): left out of every comparison; {why}")
+    if group.learning_check == "bigram" and all(r.beyond_bigrams is False for r in runs):
+        return (f"no better than bigrams: {span}, not {BIGRAM_MARGIN} below {group.bigram_loss:.4f} (the held-out "
+                "cross-entropy of a count bigram model): left out of every comparison")
+    return None
 
 
 def detail_lines(group: Group, cells: list[AngleCells]) -> list[str]:
