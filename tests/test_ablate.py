@@ -5,6 +5,7 @@ bootstrap interval, by windows and by blocks, on planted deltas whose interval i
 Llama; and the command itself, once."""
 
 import csv
+import re
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,7 @@ from omegaconf import OmegaConf
 from conftest import NORM_CONFIGS, compose_config, run_cli
 from normlab.data.corpus import draw_windows
 from normlab.model.gpt import GPT, GPTConfig
-from normlab.model.norms import DyT, LayerNorm, RMSNorm, traits
+from normlab.model.norms import DyT, LayerNorm, RMSNorm, traits, without_centring
 from normlab.probe.sites import NormSite, norm_sites
 from normlab.probe.table import AnalysisError
 from normlab.study.ablate import (
@@ -30,6 +31,7 @@ from normlab.study.ablate import (
     bootstrap_interval,
     main,
     plan,
+    random_directions,
 )
 from normlab.training.pipeline import build_model
 from normlab.training.rundir.checkpoints import write_checkpoint
@@ -317,6 +319,79 @@ def test_every_model_is_scored_on_the_same_windows_drawn_across_the_whole_split(
     assert torch.equal(whole.starts, torch.arange(len(split) // 32) * 32)  # null: every window of the split
 
 
+# -- the null: the same ablation along random directions
+
+
+def unit_1(width: int) -> torch.Tensor:
+    return torch.full((width,), width ** -0.5)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm", "dyt"])
+def test_the_nulls_operation_along_1_is_the_ablation_or_the_norm_as_trained(norm):
+    """Along u = 1/sqrt(d) the null's operation is the ablation itself for a norm that does not centre (its input
+    loses its mean), and the norm as trained for a centring one (its projection off 1 is the projection off u)."""
+    model = tiny(norm_factory(norm), seed=2)
+    site = norm_sites(model, "normlab")[1]
+    kind = ablation(site)
+    x = torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(0)) + 0.5
+    with ExitStack() as stack:
+        ablate(stack, site, kind, unit_1(32))
+        along_u = site.module(x)
+    with ExitStack() as stack:
+        ablate(stack, site, kind)
+        along_1 = site.module(x)
+    expected = site.module(x) if kind == "uncentred" else along_1
+    assert torch.allclose(along_u, expected, atol=1e-5)
+    u = random_directions(32, 1, seed=0)[0]
+    with ExitStack() as stack:
+        ablate(stack, site, kind, u)
+        random = site.module(x)
+    off_u = x - (x @ u)[..., None] * u
+    by_hand = (without_centring(site.module, off_u) if kind == "uncentred" else site.module(off_u))
+    assert torch.allclose(random, by_hand, atol=1e-5)
+
+
+def test_random_directions_are_unit_seeded_and_the_same_for_every_model_of_a_width():
+    u = random_directions(64, 50, seed=0)
+    assert u.shape == (50, 64) and torch.allclose(u.norm(dim=1), torch.ones(50), atol=1e-6)
+    assert torch.equal(u, random_directions(64, 50, seed=0)) and not torch.equal(u, random_directions(64, 50, seed=1))
+    assert abs(float((u @ unit_1(64)).mean())) < 0.05  # no pull toward 1: cos to 1 about N(0, 1/d)
+
+
+def null_rows(rows) -> tuple[dict, list[float]]:
+    """The along-1 row of every site at once, and the null's deltas."""
+    (along_1,) = [r for r in rows if r["site"] == "all" and r["direction"] == "1"]
+    return along_1, [r["delta"] for r in rows if r["direction"] != "1"]
+
+
+def test_a_model_that_relies_on_1_puts_its_along_1_delta_at_the_top_of_the_null():
+    """An RMS model whose residual stream is a large vector along 1 (every embedding +3 along each coordinate):
+    removing that component at every norm changes everything, removing a random direction's almost nothing."""
+    model = tiny(norm_factory("rmsnorm"))
+    with torch.no_grad():
+        model.wte.weight += 3.0
+    rows = ablation_rows(model, "normlab", greedy_windows(model), resamples=50, null_directions=20)
+    along_1, null = null_rows(rows)
+    assert along_1["null_percentile"] == 100.0 and len(null) == 20
+    assert along_1["delta"] > 0.05 and along_1["delta"] > 2 * max(abs(v) for v in null)
+
+
+def test_a_model_indifferent_to_1_puts_its_along_1_delta_among_the_null():
+    """RMS models with unit gains and isotropic random weights: nothing sets 1 apart from any other direction, so
+    its delta is one more draw of the null's, and its percentile is uniform over models: over eight such models it
+    averages near 50 and falls on both sides of the median."""
+    percentiles = []
+    for seed in range(8):
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=VOCAB), RMSNorm)
+        model.init_weights(seed)
+        with torch.no_grad():
+            model.lm_head.weight *= 50
+        rows = ablation_rows(model.eval(), "normlab", greedy_windows(model), resamples=20, null_directions=20,
+                             seed=seed)
+        percentiles.append(null_rows(rows)[0]["null_percentile"])
+    assert 25 < np.mean(percentiles) < 75 and min(percentiles) < 50 < max(percentiles), percentiles
+
+
 # -- the command, end to end
 
 
@@ -327,21 +402,26 @@ def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_pat
     (checkpoints / "last.ckpt").write_bytes(b"torn")  # damaged: step 3 is the newest intact checkpoint
     (tmp_path / "run" / "ablation.csv").write_text(",".join(EARLIER_COLUMNS) + "\n")  # written before the unit was
     result = run_cli("normlab-ablate", "model_path=run", "probe.tokens=320", "seq_len=32", "bootstrap=100",
-                     cwd=tmp_path)
+                     "null_directions=4", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "warning: " in result.stderr and "last.ckpt holds 4 bytes" in result.stderr
     summary, wrote = result.stdout.strip().splitlines()[-2:]
     assert summary.startswith("run step 3 (rmsnorm_bias), inputs centred: delta at all norms ")
+    assert re.search(r"nats/token \(percentile \d+ of 4 random directions' deltas, their median [+-]", summary)
     blocks = torch.unique(draw_windows(88015 // 32, 10, seed=0) * 32 // 4096)  # 10 of the split's 2,750 windows
     assert summary.endswith(f"; 95% intervals resample {len(blocks)} blocks of 4096 tokens") and len(blocks) > 5
-    assert wrote == (f"wrote run/ablation.csv (6 rows, 10 windows in {len(blocks)} blocks of 4096 tokens, "
+    assert wrote == (f"wrote run/ablation.csv (10 rows, 10 windows in {len(blocks)} blocks of 4096 tokens, "
                      "310 scored tokens)")
     with open(tmp_path / "run" / "ablation.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
     assert tuple(reader.fieldnames) == CSV_COLUMNS
     assert [r["site"] for r in rows] == ["layer00.attn_norm", "layer00.mlp_norm", "layer01.attn_norm",
-                                         "layer01.mlp_norm", "layer02.final_norm", "all"]
+                                         "layer01.mlp_norm", "layer02.final_norm"] + ["all"] * 5
+    assert [r["direction"] for r in rows] == ["1"] * 6 + [f"random {k}" for k in range(4)]
+    null = [float(r["delta"]) for r in rows[6:]]
+    assert float(rows[5]["null_percentile"]) == 100 * sum(v < float(rows[5]["delta"]) for v in null) / 4
+    assert {r["null_percentile"] for r in rows if r is not rows[5]} == {""}
     first = rows[0]
     assert (first["run"], first["model"], first["norm"], first["seed"], first["step"], first["layer"], first["role"],
             first["ablation"], first["windows"], first["tokens"], first["d"]) == (
@@ -361,6 +441,8 @@ def test_normlab_ablate_writes_ablation_csv_in_a_run_directory(prepared, tmp_pat
     assert not (tmp_path / "other.csv").exists() and (tmp_path / "run" / "ablation.csv").read_bytes() == before
     for override, line in (("block_tokens=16", "block_tokens=16 is shorter than a window of 32 tokens (seq_len): give "
                                                "block_tokens of at least 32"),
+                           ("null_directions=-1", "null_directions=-1: give a whole number of random directions to "
+                                                  "ablate along in place of 1 (0: no null)"),
                            ("probe.tokens=100000", "the probe split holds 2,750 windows of 32 tokens (88,000 tokens), "
                                                    "fewer than the 100,000 asked: lower probe.tokens, or "
                                                    "probe.tokens=null for all of them"),

@@ -20,8 +20,9 @@ from lightning.pytorch.callbacks import Callback
 from conftest import FAST_TRAIN, compose_config, run_cli, run_of, start_cli
 from normlab.common.errors import ConfigError
 from normlab.interop.export import ExportError, hugging_face
+from normlab.model.conversion import changed_by_centring
 from normlab.training.loader import load_model
-from normlab.training.pipeline import train
+from normlab.training.pipeline import build_model, train
 from normlab.training.rundir import checkpoints, directory
 from normlab.training.rundir.checkpoints import read_checkpoint
 from normlab.training.rundir.files import RunDirError, write_error
@@ -154,6 +155,56 @@ def test_a_sweep_of_arms_and_steps_and_a_branch_stopped_by_sigterm_resumes_to_th
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and f"{stopped} has no intact full checkpoint" in last, result.stderr[-3000:]
     assert last.endswith("restart=true moves this run aside and starts over")  # for a branch: from its source again
+
+
+def test_kept_moments_are_the_sources_bit_for_bit_for_every_parameter_the_conversion_leaves_unchanged(sweep, tmp_path):
+    """branch.moments=kept, in every arm alike: the branch's first checkpoint holds the source's AdamW state of step K
+    (its full checkpoint of that step, previous.ckpt, where the scheduled one holds the weights only) for every
+    parameter but the embeddings and output projections, which start anew; the same parameters in every arm."""
+    source = run_of(sweep, "layernorm")
+    moments = read_checkpoint(source / "checkpoints" / "previous.ckpt")
+    assert moments["global_step"] == K and not read_checkpoint(source / f"checkpoints/step-{K:07d}.ckpt").get(
+        "optimizer_states")  # only previous.ckpt holds them
+    sources = moments["optimizer_states"][0]["state"]
+    kept_by_arm = {}
+    for arm in ARMS:
+        cfg = branch_config(tmp_path, source, arm, "branch.moments=kept", "trainer.max_steps=6")
+        train(cfg)
+        first = read_checkpoint(tmp_path / arm / f"checkpoints/step-{K:07d}.ckpt")
+        assert first["branched_from"]["checkpoint"] == "previous.ckpt"
+        state = first["optimizer_states"][0]["state"]
+        names = optimizer_order(cfg)
+        assert len(names) == len(sources) and state  # the source had moments for every parameter
+        for index, name in enumerate(names):
+            if changed_by_centring(name):
+                assert index not in state, (arm, name)
+            else:
+                assert state[index].keys() == sources[index].keys(), (arm, name)
+                for key, value in sources[index].items():
+                    assert torch.equal(state[index][key], value) and state[index][key].dtype == value.dtype, (arm, key)
+        kept_by_arm[arm] = sorted(state)
+    assert kept_by_arm["layernorm"] == kept_by_arm["rmsnorm_bias"] == kept_by_arm["control"]
+    assert {changed_by_centring(n) for n in names} == {True, False}
+    with pytest.raises(ConfigError, match=r"branch.moments=maybe: give fresh \(a new AdamW in every arm\) or kept"):
+        train(branch_config(tmp_path, source, "layernorm", "branch.moments=maybe", f"run_dir={tmp_path / 'bad'}"))
+    assert not (tmp_path / "bad").exists()
+
+
+def optimizer_order(cfg) -> list[str]:
+    """The parameter names of a run's AdamW state, in the order of its indices (LanguageModel's two groups)."""
+    named = list(build_model(cfg).named_parameters())
+    return [n for n, p in named if p.dim() >= 2] + [n for n, p in named if p.dim() < 2]
+
+
+def test_kept_moments_need_a_source_checkpoint_that_holds_them(sweep, tmp_path):
+    source = source_copy(sweep, tmp_path)
+    (source / "checkpoints" / "previous.ckpt").unlink()
+    with pytest.raises(ConfigError, match=rf"branch.moments=kept: branch.source={source}'s checkpoint of step 4 "
+                                          r"\(step-0000004.ckpt\) holds the weights only, without the optimizer's "
+                                          "moments: branch a run trained with checkpoints.scheduled=full, or give "
+                                          "branch.moments=fresh"):
+        train(branch_config(tmp_path, source, "rmsnorm_bias", "branch.moments=kept"))
+    assert not (tmp_path / "rmsnorm_bias").exists()
 
 
 @pytest.mark.parametrize("arm, step, message", [

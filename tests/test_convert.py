@@ -264,9 +264,11 @@ def test_normlab_ablate_finds_that_centring_the_converted_model_changes_nothing(
     result = run_cli("normlab-ablate", f"model_path={converted_run}", "probe.tokens=2048", "bootstrap=100",
                      "device=cpu")
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = read_rows(converted_run / "ablation.csv", lambda column, value: value)
+    found = read_rows(converted_run / "ablation.csv", lambda column, value: value)
+    rows = [r for r in found if r["direction"] == "1"]  # the rest: the null, along 20 random directions
     assert [r["site"] for r in rows] == ["layer00.attn_norm", "layer00.mlp_norm", "layer01.attn_norm",
                                          "layer01.mlp_norm", "layer02.final_norm", "all"]
+    assert len(found) == len(rows) + 20
     for row in rows:
         assert row["ablation"] == "centred" and row["norm"] == "rmsnorm_bias", row
         assert abs(float(row["delta"])) < 1e-6 and float(row["share_along_1"]) < 1e-10, row

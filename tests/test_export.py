@@ -216,12 +216,13 @@ def test_normlab_ablate_ablates_each_export_as_its_checkpoint(runs, tmp_path, no
     for i, path in enumerate((export_of(runs, norm), runs / norm / CHECKPOINT)):
         ablate.main(compose_config("ablate", [f"model_path={path}", *settings, f"out={tmp_path / f'{i}.csv'}"]))
     exported, trained = (list(csv.DictReader(open(tmp_path / f"{i}.csv", newline=""))) for i in range(2))
-    assert len(exported) == 5 + 1  # 2 blocks x 2 norms, the final norm, and all of them at once
+    assert len(exported) == 5 + 1 + 20  # 2 blocks x 2 norms, the final norm, all at once, and the null's 20
     kind = "uncentred" if norms.traits(norm_layer(norm)).centres else "centred"
     assert {(r["model"], r["norm"], r["step"], r["ablation"]) for r in exported} == {
         (exported_as(norm)[0], norm, "6", kind)}
-    for a, b in zip(exported, trained):
-        assert a["site"] == b["site"] and abs(float(a["delta"]) - float(b["delta"])) < 1e-4, (a, b)
+    for a, b in zip(exported, trained):  # the null's directions too: the same for both (one seed, one width)
+        assert (a["site"], a["direction"]) == (b["site"], b["direction"]), (a, b)
+        assert abs(float(a["delta"]) - float(b["delta"])) < 1e-4, (a, b)
 
 
 def test_normlab_report_compares_the_runs_of_every_norm(runs, tmp_path):

@@ -9,6 +9,7 @@ import math
 import re
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from omegaconf import OmegaConf
@@ -16,7 +17,10 @@ from omegaconf import OmegaConf
 from conftest import compose_config
 from normlab.probe.table import REFERENCES, AnalysisError
 from normlab.study.report import main
+from normlab.study.report.figures import NULL_LABEL, ablation_figure
+from normlab.study.report.groups import group_runs
 from normlab.study.report.intervals import Interval, t_quantile_975
+from normlab.study.report.runs import find_runs
 from test_angle_shares import PLANTED, measured_table, seed_inputs
 
 N_LAYER, D, COUNT = 2, 64, 10_000
@@ -99,14 +103,19 @@ def user_norm_run(root: Path, name: str, seed: int = 0, loss: float = 3.0, norm:
 
 
 def write_ablation(run_dir: Path, delta: float, low: float, high: float, site_delta: float | None = None,
-                   step: int = 10, **columns) -> None:
+                   step: int = 10, null: list[float] = (), **columns) -> None:
     """ablation.csv as normlab-ablate writes it for an RMS run: its inputs centred at one norm (`site_delta`, default
-    delta / 2), and at all."""
+    delta / 2), and at all; with `null`, the deltas of every norm at once along random directions (as it writes them
+    since it has a null: a direction column)."""
     site = delta / 2 if site_delta is None else site_delta
     rows = [{"site": "layer00.attn_norm", "layer": 0, "role": "attn_norm", "delta": site, "ci_low": site - 0.001,
              "ci_high": site + 0.001},
             {"site": "all", "layer": "", "role": "", "delta": delta, "ci_low": low, "ci_high": high}]
-    write_csv(run_dir / "ablation.csv", [{"step": step, "ablation": "centred", **r, **columns} for r in rows],
+    rows += [{"site": "all", "layer": "", "role": "", "delta": v, "ci_low": v - 0.001, "ci_high": v + 0.001,
+              "direction": f"random {k}"} for k, v in enumerate(null)]
+    if null:
+        columns = {"direction": "1", **columns}
+    write_csv(run_dir / "ablation.csv", [{"step": step, "ablation": "centred", **columns, **r} for r in rows],
               ABLATION_COLUMNS + list(columns))
 
 
@@ -222,6 +231,36 @@ def test_the_ablation_of_several_seeds_gives_a_t_interval_over_seeds_each_seed_a
             "[+0.0080, +0.0120] (bootstrap over windows), seed 1 +0.0300 [+0.0250, +0.0350] (bootstrap over blocks of "
             "4096 tokens); sign changes between seeds at 1 of 1 sites (layer00.attn_norm).") in summary
     assert "mean of 2 seeds" not in summary  # the range of two seeds is no interval
+
+
+def test_the_ablations_null_gives_its_percentile_per_seed_and_over_seeds_in_the_tables_csvs_and_figure(tmp_path):
+    """Two RMS seeds ablated with a null of four random directions (the same directions in both): seed 0's along-1
+    delta above 3 of them, seed 1's above 1; over seeds the mean delta 0.02 against each direction's mean."""
+    nulls = {0: [0.001, 0.002, 0.003, 0.05], 1: [0.001, 0.04, 0.05, 0.06]}
+    for seed in (0, 1):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, 3.0)
+        make_run(tmp_path / "sweep", f"rms-seed{seed}", "rmsnorm", seed, 3.01)
+        write_ablation(tmp_path / "sweep" / f"rms-seed{seed}", 0.01 + 0.02 * seed, 0.0, 0.05, null=nulls[seed])
+    report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}", figures=True)
+    summary = (tmp_path / "out/summary.md").read_text()
+    # per direction, the mean over seeds: 0.001, 0.021, 0.0265, 0.055; the mean along 1, 0.02: above 1 of 4
+    assert "| +0.0200 | [-0.1071, +0.1471] | 25 |" in summary
+    median = f"{(0.021 + 0.0265) / 2:+.4f}"
+    assert (f"(t over 2 seeds), at the 25th percentile of the same ablation along 4 random directions (their median "
+            f"{median}); per seed: seed 0 +0.0100 [+0.0000, +0.0500] (bootstrap over windows) (pct 75), seed 1 +0.0300 "
+            "[+0.0000, +0.0500] (bootstrap over windows) (pct 25)") in summary
+    with open(tmp_path / "out/verdict_norms.csv") as f:
+        (rms,) = [r for r in csv.DictReader(f) if r["norm"] == "rmsnorm"]
+    assert (float(rms["ablation_null_pct"]), rms["ablation_null_directions"]) == (25.0, "4")
+    with open(tmp_path / "out/ablations.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["run"] == "rms-seed1"]
+    assert [r["direction"] for r in rows] == ["1", "1", "random 0", "random 1", "random 2", "random 3"]
+    fig = ablation_figure("tiny", group_runs(find_runs([tmp_path / "sweep"])[0])[0].series())
+    (ax,) = fig.axes
+    (marks,) = [line for line in ax.get_lines() if line.get_label() == "_null"]
+    assert sorted(marks.get_ydata()) == sorted(nulls[0] + nulls[1])  # every direction of every seed, beside "all"
+    assert NULL_LABEL in [t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts()]
+    plt.close(fig)
 
 
 def angles_with_direction_means(run_dir: Path, planted: dict[str, float], seed: int, directions: int = 39,

@@ -173,8 +173,7 @@ def run_config(source: Source, model: GPT, out: Path) -> dict:
     """The converted run's config: the source's, with the converted model, its norm, the new directory and where it
     came from."""
     return {**source.config, "run_name": out.name, "run_dir": str(out),
-            "model": {**source.config["model"], **{k: v for k, v in dataclasses.asdict(model.config).items()
-                                                   if k != "zero_mean_writers"}},  # a branch's, not the model's
+            "model": {**source.config["model"], **dataclasses.asdict(model.config)},
             "norm": rms_norm_config(model.ln_f),
             "converted_from": {"command": COMMAND, "path": str(source.path), "step": source.step,
                                "norm": source.norm}}

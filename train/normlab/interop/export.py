@@ -143,11 +143,11 @@ def hugging_face(
     """The model of a normlab checkpoint as a transformers model (eval mode, in `dtype`) and GPT-2's tokenizer, in
     memory (nothing is written)."""
     checkpoint = Path(checkpoint)
-    model = loader.load_model(checkpoint)
-    if model.config.zero_mean_writers:  # GPT-2's code would not centre its writes: it would compute another function
+    config = loader.saved_config(loader.read_checkpoint(checkpoint))
+    if (config.get("branch") or {}).get("zero_mean_writers"):  # GPT-2's code would not centre its writes
         raise ExportError(f"{checkpoint} is a branch's zero-mean-writers control (branch.zero_mean_writers=true), "
                           "which Hugging Face's GPT-2 does not compute: it is for training comparisons, not export")
-    norm = loader.saved_config(loader.read_checkpoint(checkpoint))["norm"]
+    model, norm = loader.load_model(checkpoint), config["norm"]
     converted = hf_model(model, metadata(checkpoint), norm).to(loader.DTYPES[dtype]).eval()
     return converted, gpt2_tokenizer(model.config.block_size)
 

@@ -31,19 +31,25 @@ def centred(tensor: torch.Tensor, dim: int | None) -> torch.Tensor:
     return (x - mean).to(tensor.dtype)
 
 
+def changed_by_centring(name: str) -> bool:
+    """Whether centred_weights changes the parameter `name` (of a normlab GPT's state dict, without prefix)."""
+    writers = tuple(f"{p}.{kind}" for p in OUTPUT_PROJECTIONS for kind in ("weight", "bias"))
+    return name in EMBEDDINGS or name.endswith(writers)
+
+
 def centred_weights(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The state dict of a normlab GPT with every vector it writes into the residual stream centred. lm_head.weight
     keeps its values, also when tied (a tied model's state dict names the shared matrix twice)."""
-    projection_weights = tuple(f"{p}.weight" for p in OUTPUT_PROJECTIONS)
-    projection_biases = tuple(f"{p}.bias" for p in OUTPUT_PROJECTIONS)
     result = dict(weights)
     for name, tensor in weights.items():
+        if not changed_by_centring(name):
+            continue
         if name in EMBEDDINGS:
             result[name] = centred(tensor, dim=1)
-        elif name.endswith(projection_weights):
+        elif name.endswith(".weight"):
             result[name] = centred(tensor, dim=0)  # the mean over the d output rows of each column
-        elif name.endswith(projection_biases):
-            result[name] = centred(tensor, dim=None)
+        else:
+            result[name] = centred(tensor, dim=None)  # a bias
     return result
 
 

@@ -31,11 +31,7 @@ class GPTConfig:
     block_size: int = 1024
     vocab_size: int = 50257
     tie_embeddings: bool = False
-    dropout: float = 0.0  # on embeddings, attention weights and residual branches (the paper, like Pythia: 0)
-    # Centre every vector written into the residual stream (embeddings, attention and MLP outputs) inside the forward:
-    # an RMSNorm model so computes, and its gradients follow, exactly what a LayerNorm model of the same weights does
-    # (a branch's control arm, training/branch.py)
-    zero_mean_writers: bool = False
+    dropout: float = 0.0  # on embeddings, attention weights and residual writes (the paper, like Pythia: 0)
 
     def __post_init__(self):
         for field in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
@@ -77,10 +73,6 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
-def centred(x: torch.Tensor) -> torch.Tensor:
-    return x - x.mean(-1, keepdim=True)
-
-
 class Block(nn.Module):
     def __init__(self, config: GPTConfig, attention_norm: NormFactory, mlp_norm: NormFactory):
         super().__init__()
@@ -88,15 +80,10 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = mlp_norm(config.n_embd)
         self.mlp = MLP(config)
-        self.zero_mean_writers = config.zero_mean_writers
-
-    def write(self, x: torch.Tensor) -> torch.Tensor:
-        """What a branch adds to the residual stream (centred with zero_mean_writers)."""
-        return centred(x) if self.zero_mean_writers else x
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.write(self.attn(self.ln_1(h)))
-        return h + self.write(self.mlp(self.ln_2(h)))
+        h = h + self.attn(self.ln_1(h))
+        return h + self.mlp(self.ln_2(h))
 
 
 class GPT(nn.Module):
@@ -137,7 +124,6 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
         h = self.drop(self.wte(idx) + self.wpe(torch.arange(T, device=idx.device)))
-        h = centred(h) if self.config.zero_mean_writers else h
         for block in self.blocks:
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
                 h = checkpoint(block, h, use_reentrant=False)

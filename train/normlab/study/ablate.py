@@ -11,9 +11,17 @@ together): neighbouring windows of one text are correlated, so windows are not i
 stands what predicts it: the share of the squared norm of the norm's input along 1,
 (x . 1)^2 / (d |x|^2), whose null for random directions is 1/d. A norm whose inputs are orthogonal to 1 gives a delta
 of 0 whichever way it is ablated.
+
+The ablation's null: the same operation at every norm at once along each of `null_directions` random unit directions u
+in place of 1 (seeded: the same directions for every model of one width). For a norm that does not centre, its input
+loses its component along u, x - (x . u) u, where the ablation along 1 removes x's mean (x - (x . 1/sqrt d) 1/sqrt d);
+for a centring norm, its projection off 1 is replaced by the projection off u (the output is the uncentred norm of
+x - (x . u) u), where the ablation along 1 removes the projection. The along-1 delta's percentile among the
+directions' deltas says whether 1 is special to the model or any one direction would do as much.
 """
 
 import math
+import statistics
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -36,12 +44,15 @@ from normlab.probe.table import AnalysisError, run_identity
 from normlab.study.angles import check_positive, default_name, normlab_probe, plan_hugging_face
 from normlab.training import loader
 
-CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "windows",
-               "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "resampling_unit", "resampling_units",
-               "share_along_1", "d")
+NULL_COLUMNS = ("direction", "null_percentile")  # "1" or "random k"; the along-1 delta's percentile among them
+CSV_COLUMNS = ("run", "model", "norm", "seed", "step", "source", "site", "layer", "role", "ablation", "direction",
+               "windows", "tokens", "loss", "ablated_loss", "delta", "ci_low", "ci_high", "resampling_unit",
+               "resampling_units", "share_along_1", "d", "null_percentile")
 UNIT_COLUMNS = ("resampling_unit", "resampling_units")  # the interval's unit ("blocks of 4096 tokens") and count
-EARLIER_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in UNIT_COLUMNS)  # ablation.csv before the unit was written
+BEFORE_NULL_COLUMNS = tuple(c for c in CSV_COLUMNS if c not in NULL_COLUMNS)  # ablation.csv before its null
+EARLIER_COLUMNS = tuple(c for c in BEFORE_NULL_COLUMNS if c not in UNIT_COLUMNS)  # and before the unit was written
 LEVEL = 0.95  # of the bootstrap interval
+ALONG_1 = "1"  # the direction column of the ablation itself
 
 
 def ablation(site: NormSite) -> str:
@@ -72,12 +83,36 @@ def centring(module: nn.Module, args):
     return (centred.to(x.dtype), *rest)
 
 
-def ablate(stack: ExitStack, site: NormSite, kind: str) -> None:
-    """Ablate `site` (`kind`: its ablation) until `stack` closes."""
-    if kind == "uncentred":
-        stack.enter_context(site.module.register_forward_hook(uncentred))
+def off(x: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """x with its component along the unit vector `direction` removed, x - (x . u) u, in float32."""
+    with torch.autocast(x.device.type, enabled=False):
+        u = direction.to(x.device, torch.float32)
+        x = x.float()
+        return x - (x @ u)[..., None] * u
+
+
+def ablate(stack: ExitStack, site: NormSite, kind: str, direction: torch.Tensor | None = None) -> None:
+    """Ablate `site` (`kind`: its ablation) until `stack` closes: along 1, or the same operation along the unit
+    vector `direction` (the null: a centring norm projects off it instead of off 1, another norm's input loses it)."""
+    if direction is None:
+        hook = uncentred if kind == "uncentred" else centring
+    elif kind == "uncentred":
+        def hook(module, args, output):
+            return norms.without_centring(module, off(args[0], direction)).to(output.dtype)
     else:
-        stack.enter_context(site.module.register_forward_pre_hook(centring))
+        def hook(module, args):
+            x, *rest = args
+            return (off(x, direction).to(x.dtype), *rest)
+    if kind == "uncentred":
+        stack.enter_context(site.module.register_forward_hook(hook))
+    else:
+        stack.enter_context(site.module.register_forward_pre_hook(hook))
+
+
+def random_directions(width: int, count: int, seed: int) -> torch.Tensor:
+    """[count, width]: unit vectors uniform on the sphere, seeded (the same for every model of one width)."""
+    u = torch.randn(count, width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return (u / u.norm(dim=1, keepdim=True)).float()
 
 
 class ShareAlong1:
@@ -113,21 +148,25 @@ def window_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def measure(forward: Callable, sites: list[NormSite], batches, progress=None) -> tuple[torch.Tensor, ShareAlong1]:
-    """Per window, the loss as trained and with each ablation in turn (each site alone, then all at once):
-    [1 + len(sites) + 1, windows] float64; and the share along 1 at each site, as trained."""
+def measure(forward: Callable, sites: list[NormSite], batches, progress=None,
+            directions: torch.Tensor | None = None) -> tuple[torch.Tensor, ShareAlong1]:
+    """Per window, the loss as trained and with each ablation in turn (each site alone, all at once, then all at once
+    along each of `directions` [n, d] in place of 1): [1 + len(sites) + 1 + n, windows] float64; and the share along 1
+    at each site, as trained."""
     kinds = [ablation(s) for s in sites]
-    ablations = [[i] for i in range(len(sites))] + [list(range(len(sites)))]
+    every = list(range(len(sites)))
+    ablations = [([i], None) for i in every] + [(every, None)]
+    ablations += [(every, u) for u in (directions if directions is not None else [])]
     share = ShareAlong1(sites)
     losses = [[] for _ in range(1 + len(ablations))]
     for ids in batches:
         with ExitStack() as stack:
             share.hooks(stack)
             losses[0].append(window_losses(forward(ids), ids).cpu())
-        for row, ablated in zip(losses[1:], ablations):
+        for row, (ablated, direction) in zip(losses[1:], ablations):
             with ExitStack() as stack:
                 for i in ablated:
-                    ablate(stack, sites[i], kinds[i])
+                    ablate(stack, sites[i], kinds[i], direction)
                 row.append(window_losses(forward(ids), ids).cpu())
         if progress is not None:
             progress.update()
@@ -162,10 +201,11 @@ def forward_of(model: nn.Module, layout: str) -> Callable[[torch.Tensor], torch.
 
 def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_size: int = 8, resamples: int = 1000,
                   seed: int = 0, device: str = "cpu", desc: str | None = None, blocks: torch.Tensor | None = None,
-                  unit: str = "windows") -> list[dict]:
+                  unit: str = "windows", null_directions: int = 0) -> list[dict]:
     """The CSV rows of `model` (an architecture of probe.sites.LAYOUTS) on `windows` [n, seq_len], without the columns
-    that name the model (run, model, norm, seed, step, source). The intervals resample `blocks` [n] (each window's
-    block, named `unit` in the CSV), or each window alone when None."""
+    that name the model (run, model, norm, seed, step, source): each site, all at once, then the null (all at once
+    along each of `null_directions` random directions, seeded by `seed`). The intervals resample `blocks` [n] (each
+    window's block, named `unit` in the CSV), or each window alone when None."""
     sites = norm_sites(model, layout)
     kinds = {ablation(s) for s in sites}
     if len(kinds) > 1:
@@ -174,22 +214,47 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
     (kind,) = kinds
     model = model.to(device).eval()
     batches = [b.to(device) for b in windows.split(batch_size)]
+    directions = (random_directions(input_width(model, layout, sites[0], windows[:1].to(device)), null_directions,
+                                    seed) if null_directions else None)
     with tqdm(total=len(batches), desc=desc, unit="batch") as progress:
-        losses, share = measure(forward_of(model, layout), sites, batches, progress)
+        losses, share = measure(forward_of(model, layout), sites, batches, progress, directions)
     deltas = losses[1:] - losses[0]
     low, high = bootstrap_interval(deltas, resamples, seed, blocks)
     n, seq_len = windows.shape
     units = n if blocks is None else len(torch.unique(blocks))
     names = [(site_name(s), s.layer, s.role) for s in sites] + [("all", "", "")]
+    directions_named = [ALONG_1] * len(names) + [f"random {k}" for k in range(null_directions)]
+    names += [("all", "", "")] * null_directions
     shares = share.shares()
     shares = torch.cat([shares, shares.mean()[None]])  # "all": the mean over sites
-    return [
-        {"site": name, "layer": layer, "role": role, "ablation": kind, "windows": n,
+    everywhere = len(sites)  # the row of every site at once, along 1
+    null = deltas[everywhere + 1:].mean(1)
+    rows = [
+        {"site": name, "layer": layer, "role": role, "ablation": kind, "direction": direction, "windows": n,
          "tokens": n * (seq_len - 1), "loss": losses[0].mean().item(), "ablated_loss": losses[1 + i].mean().item(),
          "delta": deltas[i].mean().item(), "ci_low": low[i].item(), "ci_high": high[i].item(),
-         "resampling_unit": unit, "resampling_units": units, "share_along_1": shares[i].item(), "d": share.d}
-        for i, (name, layer, role) in enumerate(names)
+         "resampling_unit": unit, "resampling_units": units,
+         "share_along_1": shares[i].item() if direction == ALONG_1 else "", "d": share.d, "null_percentile": ""}
+        for i, ((name, layer, role), direction) in enumerate(zip(names, directions_named))
     ]
+    if null_directions:
+        rows[everywhere]["null_percentile"] = percentile(rows[everywhere]["delta"], null.tolist())
+    return rows
+
+
+def percentile(value: float, null: list[float]) -> float:
+    """The percent of `null` below `value` (ties count half), as the share's percentile among random directions."""
+    below = sum(v < value for v in null) + 0.5 * sum(v == value for v in null)
+    return 100 * below / len(null)
+
+
+@torch.no_grad()
+def input_width(model: nn.Module, layout: str, site: NormSite, ids: torch.Tensor) -> int:
+    """The width of the norm's input at `site`, seen in one forward (whatever the norm's parameters)."""
+    seen = []
+    with site.module.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[-1])):
+        forward_of(model, layout)(ids)
+    return seen[0]
 
 
 # -- the command (conf/ablate.yaml)
@@ -253,7 +318,7 @@ def plan(path: Path, cfg: DictConfig) -> Subject:
     return Subject(analysis.layout, load, windows, starts, {**identity, "step": step}, out)
 
 
-HEADERS = (",".join(CSV_COLUMNS), ",".join(EARLIER_COLUMNS))  # what normlab-ablate replaces
+HEADERS = tuple(",".join(c) for c in (CSV_COLUMNS, BEFORE_NULL_COLUMNS, EARLIER_COLUMNS))  # what it replaces
 COMMAND = "normlab-ablate"
 
 
@@ -277,13 +342,16 @@ def interval(row: dict) -> str:
 
 def summary(rows: list[dict]) -> str:
     """One line: the delta of ablating every norm at once, and the single site with the largest |delta|."""
-    every = next(r for r in rows if r["site"] == "all")
+    every = next(r for r in rows if r["site"] == "all" and r["direction"] == ALONG_1)
     top = max((r for r in rows if r["site"] != "all"), key=lambda r: abs(r["delta"]))
     what = "mean subtraction removed" if every["ablation"] == "uncentred" else "inputs centred"
+    null = [r["delta"] for r in rows if r["direction"] != ALONG_1]
+    among = (f" (percentile {every['null_percentile']:.0f} of {len(null)} random directions' deltas, their median "
+             f"{statistics.median(null):+.3g})" if null else "")
     return (f"{every['run']} step {every['step']} ({every['norm']}), {what}: delta at all norms {interval(every)} "
-            f"nats/token; largest alone {top['site']} {interval(top)} (share along 1 {top['share_along_1']:.2g}, "
-            f"null 1/d {1 / top['d']:.2g}); 95% intervals resample {every['resampling_units']} "
-            f"{every['resampling_unit']}")
+            f"nats/token{among}; largest alone {top['site']} {interval(top)} (share along 1 "
+            f"{top['share_along_1']:.2g}, null 1/d {1 / top['d']:.2g}); 95% intervals resample "
+            f"{every['resampling_units']} {every['resampling_unit']}")
 
 
 def main(cfg: DictConfig) -> None:
@@ -303,6 +371,9 @@ def main(cfg: DictConfig) -> None:
         raise AnalysisError(f"seed={cfg.seed}: give a whole number >= 0 (it seeds the probe's windows and the "
                             "bootstrap)")
     check_positive("block_tokens", cfg.block_tokens)
+    if not isinstance(cfg.null_directions, int) or isinstance(cfg.null_directions, bool) or cfg.null_directions < 0:
+        raise AnalysisError(f"null_directions={cfg.null_directions}: give a whole number of random directions to "
+                            "ablate along in place of 1 (0: no null)")
     loader.check_dtype(cfg.dtype, AnalysisError)
     device = loader.device_name(cfg.device, AnalysisError)
     if cfg.out is not None:
@@ -325,7 +396,8 @@ def main(cfg: DictConfig) -> None:
     names = pretrained.with_norm(subject.names, model, subject.layout)
     rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,
                          device, desc=f"{names['run']} step {names['step']}",
-                         blocks=subject.starts // cfg.block_tokens, unit=f"blocks of {cfg.block_tokens} tokens")
+                         blocks=subject.starts // cfg.block_tokens, unit=f"blocks of {cfg.block_tokens} tokens",
+                         null_directions=cfg.null_directions)
     rows = [{**names, **row} for row in rows]
     if not all(math.isfinite(r["delta"]) for r in rows):
         print("warning: some ablated losses are not finite (inf or nan in the CSV)", file=sys.stderr, flush=True)

@@ -3,15 +3,19 @@ so that arms which differ only in their norm from K on continue one shared funct
 
 - The weights: the source's, as they are for a branch of the source's own norm; for an uncentred norm of the centring
   x bias 2x2 (rmsnorm_bias, rmsnorm) of a LayerNorm source, converted exactly (model/conversion.py, normlab-convert's
-  code); with branch.zero_mean_writers, the LayerNorm weights unchanged in an RMSNorm model that centres every write
-  into the residual stream in its forward (model/gpt.py): it computes, and its gradients follow, what the LayerNorm
-  model does. The branch's checkpoint of step K computes the source's function of step K.
+  code); with branch.zero_mean_writers, the LayerNorm weights unchanged in an RMSNorm model whose every write into the
+  residual stream is centred by forward hooks (centre_writes, here: the model itself knows nothing of it): it
+  computes, and its gradients follow, what the LayerNorm model does. The branch's checkpoint of step K computes the
+  source's function of step K.
 - The rest of the state continues from step K: the data position and the loops' progress (from the source's
   checkpoint, which holds them even when it holds the weights only), the schedule (the lr of step K on: the same
   max_steps and schedule are required), the random generators where the source's checkpoint holds them.
-- The optimizer starts afresh for every arm: the source's AdamW moments are of the unconverted parameters and would
-  not map onto converted ones, so no arm keeps them (the LayerNorm branch restarts too: what that restart costs is
-  its difference from the source continuing).
+- The optimizer, for every arm alike: with branch.moments=fresh, a new AdamW (the source's moments are of the
+  unconverted parameters and would not map onto converted ones, so no arm keeps them; the LayerNorm branch restarts
+  too: what that restart costs is its difference from the source continuing); with branch.moments=kept, the source's
+  AdamW state of step K for every parameter the conversion leaves unchanged (blocks' attention and MLP inputs, norms,
+  the head), and new moments only for those it changes (embeddings, output projections), in the converted arm and in
+  the arms that keep their weights alike, so that the restart is the same in every arm and smaller.
 
 `start_checkpoint` builds that first checkpoint; the run directory writes it as the branch's step-K and last
 checkpoint (RunDirectory.prepare), from which the branch resumes as any run does: resume, SIGTERM, requeue and
@@ -31,7 +35,7 @@ from normlab.common.errors import ConfigError
 from normlab.common.moved import current_config
 from normlab.common.run_identity import RUN_FILES, run_files, run_id
 from normlab.model import norms
-from normlab.model.conversion import ConvertError, centred_weights, check_convertible
+from normlab.model.conversion import ConvertError, centred_weights, changed_by_centring, check_convertible
 from normlab.training.rundir.checkpoints import LAST, PREVIOUS, read_verified, recorded_step
 from normlab.training.rundir.config import CONFIG_FILE, flat
 from normlab.training.rundir.files import RunDirError
@@ -40,6 +44,7 @@ from normlab.training.rundir.files import RunDirError
 # checkpoint schedule, probes and names): the model, the data and their order, the batch and the schedule
 SHARED = ("model.", "data.", "seed", "global_batch_size", "trainer.max_steps", "schedule.")
 NOT_SHARED = ("data.dir", "data.num_workers", "data.verify_checksums")  # where the data lies, how fast it is read
+MOMENTS = ("fresh", "kept")  # branch.moments: every arm's AdamW new, or the source's kept where weights are unchanged
 
 
 @dataclass
@@ -58,6 +63,19 @@ class Source:
         return current_config(OmegaConf.to_container(OmegaConf.create(self.checkpoint["hyper_parameters"]["config"])))
 
 
+def centred_output(module, args, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook: the module's output less its mean over the width (what it writes, with zero mean)."""
+    return output - output.mean(-1, keepdim=True)
+
+
+def centre_writes(model) -> None:
+    """The control arm's model (branch.zero_mean_writers): every vector written into the residual stream of a normlab
+    GPT centred in the forward, by hooks on the embeddings' sum (after its dropout) and on each block's attention and
+    MLP; its weights and state dict unchanged."""
+    for writer in (model.drop, *(m for block in model.blocks for m in (block.attn, block.mlp))):
+        writer.register_forward_hook(centred_output)
+
+
 def check_branch(cfg: DictConfig) -> Source | None:
     """branch.source and branch.step given together, the step a whole number from 1 to below trainer.max_steps, the
     source a run directory with an intact checkpoint of that step and the settings a branch shares with it; that
@@ -72,6 +90,9 @@ def check_branch(cfg: DictConfig) -> Source | None:
     if source is None or step is None:
         raise ConfigError("a branch needs both branch.source (a run directory) and branch.step (a step of its "
                           "checkpoints)")
+    if branch.get("moments", "fresh") not in MOMENTS:
+        raise ConfigError(f"branch.moments={branch.get('moments')}: give fresh (a new AdamW in every arm) or kept (the "
+                          "source's AdamW moments of every parameter the conversion leaves unchanged, in every arm)")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 < step < cfg.trainer.max_steps:
         raise ConfigError(f"branch.step={step}: give a step of the source's checkpoints from 1 to below "
                           f"trainer.max_steps={cfg.trainer.max_steps}")
@@ -79,28 +100,36 @@ def check_branch(cfg: DictConfig) -> Source | None:
     if not run_files(folder):
         raise ConfigError(f"branch.source={source} is not a run directory (it holds none of {', '.join(RUN_FILES)}): "
                           "give the directory of the run to branch from")
-    path, checkpoint = source_checkpoint(folder, step)
+    path, checkpoint = source_checkpoint(folder, step, branch.get("moments") == "kept")
     found = Source(folder, run_id(str(folder)), path, checkpoint)
     check_shared(cfg, found)
     return found
 
 
-def source_checkpoint(folder: Path, step: int) -> tuple[Path, dict]:
-    """The source's checkpoint of `step` (a scheduled one before last.ckpt and previous.ckpt), read once and verified:
-    else one line naming the damaged one and what is wrong with it, or the steps it has."""
+def source_checkpoint(folder: Path, step: int, with_moments: bool = False) -> tuple[Path, dict]:
+    """The source's checkpoint of `step` (a scheduled one before last.ckpt and previous.ckpt; `with_moments`: one
+    that holds the optimizer's state), read once and verified: else one line naming the damaged one and what is wrong
+    with it, or the steps it has."""
     checkpoints = folder / "checkpoints"
     candidates = [p for p in [*sorted(checkpoints.glob("step-*.ckpt")), checkpoints / LAST, checkpoints / PREVIOUS]
                   if p.is_file()]
-    damaged = []
+    damaged, weights_only = [], []
     for path in (p for p in candidates if recorded_step(p) == step):
         try:
             record, checkpoint = read_verified(path)
         except RunDirError as e:
             damaged.append(str(e))
             continue
-        if record.step == step == checkpoint.get("global_step"):
+        if record.step != step or checkpoint.get("global_step") != step:
+            damaged.append(f"{path} holds step {checkpoint.get('global_step')}, its digest file says {record.step}")
+        elif with_moments and not checkpoint.get("optimizer_states"):
+            weights_only.append(path.name)
+        else:
             return path, checkpoint
-        damaged.append(f"{path} holds step {checkpoint.get('global_step')}, its digest file says {record.step}")
+    if weights_only and not damaged:
+        raise ConfigError(f"branch.moments=kept: branch.source={folder}'s checkpoint of step {step:,} "
+                          f"({', '.join(weights_only)}) holds the weights only, without the optimizer's moments: "
+                          "branch a run trained with checkpoints.scheduled=full, or give branch.moments=fresh")
     recorded = {recorded_step(p) for p in candidates}
     steps = ", ".join(f"{s:,}" for s in sorted(s for s in recorded if s >= 0 and s != step))
     if damaged:
@@ -169,22 +198,48 @@ def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder:
     return weights if zero_mean else centred_weights(weights)
 
 
-def fresh_optimizer_at(module, step: int) -> tuple[dict, dict]:
-    """The state of a new optimizer and of its schedule after `step` optimizer steps: no moments, the lr of step K."""
+def fresh_optimizer_at(module, step: int) -> tuple[dict, dict, list[str]]:
+    """The state of a new optimizer and of its schedule after `step` optimizer steps (no moments, the lr of step K),
+    and the names of its parameters in the order of its state's indices."""
     configured = module.configure_optimizers()
     optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
     with warnings.catch_warnings():  # stepping the schedule alone, before any optimizer step, is the point here
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(step):
             scheduler.step()
-    return optimizer.state_dict(), scheduler.state_dict()
+    name_of = {id(p): name for name, p in module.model.named_parameters()}
+    return (optimizer.state_dict(), scheduler.state_dict(),
+            [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]])
+
+
+def kept_moments(fresh: dict, names: list[str], module, source: dict, what: str) -> dict:
+    """`fresh` (an optimizer state dict whose indices are the parameters `names`) with the source's AdamW state of
+    every parameter that the conversion leaves unchanged, copied as it is; the parameters it changes start anew. The
+    source's optimizer orders the same parameters the same way (one architecture, one configure_optimizers): its
+    groups' sizes and each state's shapes are checked."""
+    shapes = dict((name, p.shape) for name, p in module.model.named_parameters())
+    groups = [len(g["params"]) for g in source["param_groups"]]
+    if groups != [len(g["params"]) for g in fresh["param_groups"]]:
+        raise ConfigError(f"branch.moments=kept: {what}'s optimizer groups its parameters as {groups}, the branch "
+                          f"as {[len(g['params']) for g in fresh['param_groups']]}: give branch.moments=fresh")
+    state = {}
+    for index, moments in source["state"].items():
+        name = names[index]
+        if changed_by_centring(name):
+            continue
+        if any(torch.is_tensor(v) and v.dim() and v.shape != shapes[name] for v in moments.values()):
+            raise ConfigError(f"branch.moments=kept: {what}'s optimizer state of {name} does not fit its shape "
+                              f"{tuple(shapes[name])}: give branch.moments=fresh")
+        state[index] = moments
+    return {**fresh, "state": state}
 
 
 def start_checkpoint(cfg: DictConfig, module, source: Source) -> dict:
     """The branch's first checkpoint, of step branch.step: the source's checkpoint of that step (as check_branch read
     and verified it: its loops' progress, data position, step and epoch, random generators where it holds them) with
-    the branch's weights, config and a fresh optimizer at that step, and where it came from (the source's absolute
-    directory and run id). `module`: the branch's LightningModule. Built before the run directory is written to."""
+    the branch's weights, config and an optimizer at that step (fresh, or with the source's moments kept), and where it
+    came from (the source's absolute directory and run id). `module`: the branch's LightningModule. Built before the
+    run directory is written to."""
     step, checkpoint = cfg.branch.step, source.checkpoint
     what = f"branch.source={source.folder}"
     if cfg.model.dropout and "rng_states" not in checkpoint:
@@ -193,7 +248,9 @@ def start_checkpoint(cfg: DictConfig, module, source: Source) -> dict:
                           "or without dropout")
     weights = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     module.model.load_state_dict(branch_weights(cfg, module, source.config, weights, source.folder))
-    optimizer, scheduler = fresh_optimizer_at(module, step)
+    optimizer, scheduler, names = fresh_optimizer_at(module, step)
+    if cfg.branch.get("moments") == "kept":
+        optimizer = kept_moments(optimizer, names, module, checkpoint["optimizer_states"][0], what)
     kept = {k: checkpoint[k] for k in ("epoch", "global_step", "pytorch-lightning_version", "loops", "rng_states")
             if k in checkpoint}
     return {**kept, "state_dict": module.state_dict(), "optimizer_states": [optimizer], "lr_schedulers": [scheduler],

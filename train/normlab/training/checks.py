@@ -276,11 +276,11 @@ def finite(name: str, value) -> None:
 
 
 def model_settings(model: DictConfig) -> dict:
-    """GPTConfig's arguments in a model preset: its keys but `name` (the preset's), each a field of GPTConfig but
-    zero_mean_writers (a branch's: branch.zero_mean_writers); any other key is refused."""
+    """GPTConfig's arguments in a model preset: its keys but `name` (the preset's), each a field of GPTConfig; any
+    other key is refused."""
     from normlab.model.gpt import GPTConfig
 
-    fields = {f.name for f in dataclasses.fields(GPTConfig)} - {"zero_mean_writers"}
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
     unknown_keys("model", model, {"name", *fields})
     return {k: v for k, v in model.items() if k != "name"}
 

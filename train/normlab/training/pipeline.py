@@ -37,8 +37,11 @@ def build_model(cfg: DictConfig):
     check_norm(cfg.norm, settings.get("n_embd", 8))
     layer = instantiate(cfg.norm.layer)
     sites = {kind: partial(layer, **settings) for kind, settings in norm_sites(cfg.norm).items()}
-    zero_mean_writers = bool((cfg.get("branch") or {}).get("zero_mean_writers"))  # a branch's control arm
-    model = GPT(GPTConfig(**settings, zero_mean_writers=zero_mean_writers), norm=layer, sites=sites)
+    model = GPT(GPTConfig(**settings), norm=layer, sites=sites)
+    if (cfg.get("branch") or {}).get("zero_mean_writers"):  # a branch's control arm
+        from normlab.training.branch import centre_writes
+
+        centre_writes(model)
     model.activation_checkpointing = cfg.get("activation_checkpointing", False)
     runtime = cfg.get("runtime") or {}  # a converted checkpoint's config has none: the model's defaults
     model.loss_chunk = runtime.get("loss_chunk", model.loss_chunk)

@@ -33,6 +33,7 @@ from normlab.study.report.branches import differences_from_k, shares_from_k
 from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
+from normlab.study.report.runs import along_1, null_rows
 
 STYLE = {"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 6.5, "axes.labelsize": 8, "pdf.fonttype": 42}
 REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction a~ (length √d)",
@@ -42,6 +43,8 @@ REFERENCE_MARKERS = {"uniform": "o", "random_a": "s", "random_b": "^"}
 REFERENCE_COLORS = {"uniform": "tab:green", "random_a": "tab:purple", "random_b": "tab:orange"}
 UNIGRAM_LABEL = "unigram loss (token frequencies only)"
 BIGRAM_LABEL = "bigram loss (a count table of next tokens)"
+NULL_LABEL = "all, along random directions (null)"
+NULL_COLOR = "dimgray"
 SEED_COLOR = "tab:gray"  # a seed's own line in the legend, and its paired difference
 ANGLE_LABEL = "angle (degrees)\nmean, bars ± std over tokens"
 YLABEL_WIDTH = 38  # characters: a y label's line as long as a loss-difference panel is high
@@ -380,8 +383,13 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     ablation rows. Panels of their own keep a norm's scale (an RMS model's +0.1 would flatten an LN one's 0.002) and
     the legend to one entry per seed, not one per run."""
     panels = []  # (series, kind of ablation, [(seed or model, its rows of that kind at its newest step)])
+    nulls = {}  # (norm, kind): the null's deltas, every norm at once along random directions, of every run
     for s in series:
         newest = [(label, last_rows(rows)) for label, rows in zip(s.labels, s.ablations)]
+        for kind in {r.get("ablation") or "" for _, rows in newest for r in null_rows(rows)}:
+            nulls[s.norm, kind] = [r["delta"] for _, rows in newest for r in null_rows(rows)
+                                   if (r.get("ablation") or "") == kind]
+        newest = [(label, along_1(rows)) for label, rows in newest]
         for kind in sorted({r.get("ablation") or "" for _, rows in newest for r in rows}):
             panels.append((s, kind, [(label, of_kind) for label, rows in newest
                                      if (of_kind := [r for r in rows if (r.get("ablation") or "") == kind])]))
@@ -404,6 +412,9 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
             ax.errorbar([keys.index(site_key(r)) + dx for r in rows], deltas, yerr=errors, fmt=markers[label], ms=3,
                         capsize=1.5, lw=0.8, color=styles[s.norm].color,
                         label="_" + " ".join(filter(None, (s.norm, label, kind))))
+        if null := nulls.get((s.norm, kind)):  # beside "all": the same ablation along random directions
+            ax.plot([keys.index((-1, "all")) + 0.35] * len(null), null, "_", color=NULL_COLOR, ms=5, mew=0.8,
+                    label="_null")
         ax.axhline(0, color="black", lw=0.6)
         site_axis(ax, keys)
         ax.tick_params(labelbottom=i == len(panels) - 1)  # the sites named once, below the last panel
@@ -412,6 +423,8 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
         ax.set_ylabel("Δ loss\n(nats/token)")
     for label, marker in markers.items():
         axes[0][0].plot([], [], marker, color=SEED_COLOR, ms=3, label=label)
+    if nulls:
+        axes[0][0].plot([], [], "_", color=NULL_COLOR, ms=5, mew=0.8, label=NULL_LABEL)
     steps = steps_title(r.get("step") for *_, runs in panels for _, rows in runs for r in rows)
     finish(fig, axes.flat, f"{title}: centring ablated (LN: removed, RMS: added)\nΔ loss, ablated − as trained "
            f"(95% CI)\ncheckpoints at {steps}", ncols=6)

@@ -19,8 +19,8 @@ from normlab.study.report.pretrained import Pretrained
 PER_DIRECTION = ("null_random_means_deg", "null_random_cos2")
 ANGLE_COLUMNS = ("step", "layer", "site", "count", "mean_deg", "std_deg", "mean_cos2", "null_random_mean_deg",
                  "null_random_std_deg", "null_directions", "d", *PER_DIRECTION)
-ABLATION_COLUMNS = ("step", "ablation", "site", "layer", "role", "windows", "tokens", "loss", "ablated_loss", "delta",
-                    "ci_low", "ci_high", "resampling_unit", "share_along_1")
+ABLATION_COLUMNS = ("step", "ablation", "direction", "site", "layer", "role", "windows", "tokens", "loss",
+                    "ablated_loss", "delta", "ci_low", "ci_high", "resampling_unit", "share_along_1", "null_percentile")
 
 
 def write(path: Path, columns: list[str], rows: list[dict]) -> None:
@@ -64,7 +64,7 @@ def angle_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dict]:
 def ablation_rows(groups: list[Group], pretrained: list[Pretrained]) -> list[dict]:
     measured = [(g.title, g.label(r.norm), r.name, r.seed, r.ablation) for g in groups for r in g.runs]
     measured += [(m.name, m.norm, m.name, "", m.ablation) for m in pretrained]
-    return [{"group": group, "norm": norm, "run": run, "seed": seed, **row}
+    return [{**row, "group": group, "norm": norm, "run": run, "seed": seed}  # the report's names of the run
             for group, norm, run, seed, rows in measured for row in rows]
 
 

@@ -97,6 +97,7 @@ LIST_COLUMNS = {"null_random_means_deg", "null_random_cos2"}  # floats separated
 ANGLE_COLUMNS = ("step", "layer", "site", "reference", "position", "count", "mean_deg", "std_deg", "mean_cos2",
                  "null_std_deg", "d")  # what the report needs of an angles CSV; any other column is optional
 ABLATION_COLUMNS = ("site", "delta")
+ALONG_1 = "1"  # an ablation row's direction: along 1, or "random k" (the null)
 EVAL_COLUMNS = ("step", "task", "metric", "value")
 
 
@@ -208,6 +209,16 @@ def read_ablation(path: Path) -> list[dict]:
         raise AnalysisError(f"{e}: write it again with normlab-ablate") from None
 
 
+def along_1(rows: list[dict]) -> list[dict]:
+    """The ablation's own rows (direction 1, or a CSV written before normlab-ablate had a null)."""
+    return [r for r in rows if (r.get("direction") or ALONG_1) == ALONG_1]
+
+
+def null_rows(rows: list[dict]) -> list[dict]:
+    """The null's rows: the same ablation at every norm at once along a random direction in place of 1."""
+    return [r for r in rows if (r.get("direction") or ALONG_1) != ALONG_1]
+
+
 def saved_step(run_dir: Path) -> int | None:
     """The highest step the run's checkpoints hold, as their digest files record it (checkpoints.py; not
     verified: the training run that resumes from them does that); None where it has none."""
@@ -235,7 +246,7 @@ class Run:
     config: dict
     metrics: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     angles: list[dict] = field(default_factory=list)
-    ablation: list[dict] = field(default_factory=list)
+    ablation: list[dict] = field(default_factory=list)  # along 1, and the null's rows along random directions
     evaluation: list[dict] = field(default_factory=list)  # eval/results.csv of normlab-eval
     left_out: str = ""  # why the run is not compared ("": it is)
     note: str = ""  # what else the runs table says of it

@@ -13,8 +13,8 @@ from normlab.study.report.groups import Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.render import markdown
-from normlab.study.report.runs import BIGRAM_MARGIN, LEARNED_MARGIN
-from normlab.study.report.verdict_tables import comparison_table, norm_table
+from normlab.study.report.runs import BIGRAM_MARGIN, LEARNED_MARGIN, along_1, null_rows
+from normlab.study.report.verdict_tables import AblationNull, comparison_table, norm_table, null_of
 
 DEMO_MODELS = ("tiny",)
 DEMO_NOTE = "demo scale: not evidence about the paper's models"
@@ -49,29 +49,43 @@ def sign_changes(per_seed: list[list[dict]]) -> str:
 def ablation_cell(series: Series, command: str, row_steps: set[int] = frozenset()) -> str:
     """Per ablation kind, the delta at every norm at once: one seed's with its bootstrap interval (and unit); over
     several seeds the mean with a t interval over the seeds, each seed's delta and interval, and the sites whose
-    delta changes sign between seeds."""
-    runs = defaultdict(list)  # per ablation kind: (label, the row of site all, the run's rows at its newest step)
+    delta changes sign between seeds; each with its percentile among the null's random directions where it was run."""
+    runs = defaultdict(list)  # per ablation kind: (label, the row of site all, the run's rows, its null by direction)
     for label, rows in zip(series.labels, series.ablations):
         newest = last_rows(rows)
-        for row in newest:
+        for row in along_1(newest):
             if row["site"] == "all" and row.get("delta") is not None:
                 kind = row.get("ablation") or ""
-                runs[kind].append((label, row, [r for r in newest if (r.get("ablation") or "") == kind]))
+                of_kind = [r for r in newest if (r.get("ablation") or "") == kind]
+                null = {r["direction"]: r["delta"] for r in null_rows(of_kind) if r.get("delta") is not None}
+                runs[kind].append((label, row, along_1(of_kind), null))
     if not runs:
         return f"not run ({command})"
     cells = []
     for kind, found in sorted(runs.items()):
         prefix = f"{kind if series.normalizes else f'{kind} (before its point-wise map)'}: " if kind else ""
-        steps = step_note({row["step"] for _, row, _ in found if row.get("step") is not None}, set(row_steps))
-        per_seed = [f"{label} {bootstrap_text(row)}" for label, row, _ in found]
+        steps = step_note({row["step"] for _, row, *_ in found if row.get("step") is not None}, set(row_steps))
+        among = null_text(null_of([row["delta"] for _, row, *_ in found], [n for *_, n in found]))
+        per_seed = [f"{label} {bootstrap_text(row)}{null_text(null_of([row['delta']], [n]), short=True)}"
+                    for label, row, _, n in found]
         if len(found) == 1:
-            cells.append(f"{prefix}{bootstrap_text(found[0][1])}{steps}")
+            cells.append(f"{prefix}{bootstrap_text(found[0][1])}{steps}{among}")
             continue
-        interval = Interval.of([row["delta"] for _, row, _ in found])
-        cells.append(f"{prefix}{interval.text(seeds_text(interval.n))}{steps}; per seed: {', '.join(per_seed)}"
-                     f"{sign_changes([rows for *_, rows in found])}")
+        interval = Interval.of([row["delta"] for _, row, *_ in found])
+        cells.append(f"{prefix}{interval.text(seeds_text(interval.n))}{steps}{among}; per seed: {', '.join(per_seed)}"
+                     f"{sign_changes([rows for _, _, rows, _ in found])}")
     missing = sum(1 for rows in series.ablations if not rows)
     return "; ".join(cells) + (f"; {runs_text(missing)} not ablated" if missing > 0 else "")
+
+
+def null_text(null: AblationNull | None, short: bool = False) -> str:
+    """Where the along-1 delta falls among the null's random directions' deltas."""
+    if null is None:
+        return ""
+    if short:
+        return f" (pct {null.percentile:.0f})"
+    return (f", at the {null.percentile:.0f}th percentile of the same ablation along {null.directions} random "
+            f"directions (their median {null.median:+.4f})")
 
 
 def bootstrap_text(row: dict) -> str:

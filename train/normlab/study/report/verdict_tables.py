@@ -3,6 +3,7 @@ per model and norm (its angles to 1, its share along 1, its ablation). Each row 
 function from the analysed runs; the column lists and captions below are the single source of how they are shown
 (render.py writes them to markdown, CSV and wandb)."""
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from normlab.study.report.groups import Group, Series, last_rows
 from normlab.study.report.intervals import ALPHA, Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.render import Column, Table
+from normlab.study.report.runs import along_1, null_rows
 
 EFFECT_NAMES = {"centring": "centring (2x2)", "bias": "bias (2x2)", "interaction": "centring × bias"}
 
@@ -107,7 +109,7 @@ class NormRow:
     norm: str
     runs: int
     step: int | None
-    status: str  # "compared", "did not learn", "pretrained"
+    status: str  # "compared", "did not learn", "no better than bigrams", "pretrained"
     angle_z: float | None
     angle_p: float | None
     angle_site: str
@@ -124,6 +126,8 @@ class NormRow:
     ablation_low: float | None
     ablation_high: float | None
     ablation_over: str  # what the interval resampled: "6 seeds (t)", "blocks of 4096 tokens (bootstrap)"
+    ablation_null_pct: float | None  # its percentile among random directions' (AblationNull); None: no null run
+    ablation_null_directions: int | None
 
 
 def angle_numbers(series: Series) -> dict:
@@ -147,26 +151,58 @@ def angle_numbers(series: Series) -> dict:
     return {**angle, **cos2, "share": point.share, "share_site": site_tick(key), "inverse_d": 1 / point.d}
 
 
+@dataclass(frozen=True)
+class AblationNull:
+    """Where the along-1 delta at every norm at once falls among the same ablation's deltas along random directions:
+    one run's, or over seeds the mean delta among each direction's mean delta (the same directions in every run of a
+    width: normlab-ablate's seed)."""
+    percentile: float  # of the along-1 delta among the directions', percent (ties count half)
+    directions: int
+    median: float  # of the directions' deltas
+
+
+def null_of(along_1: list[float], null: list[dict[str, float]]) -> AblationNull | None:
+    """`along_1`: each run's delta; `null`: each run's deltas by direction. None where a run has no null."""
+    shared = sorted(set.intersection(*(set(n) for n in null))) if null and all(null) else []
+    if not shared:
+        return None
+    value = statistics.fmean(along_1)
+    deltas = [statistics.fmean(n[k] for n in null) for k in shared]
+    below = sum(d < value for d in deltas) + 0.5 * sum(d == value for d in deltas)
+    return AblationNull(100 * below / len(deltas), len(deltas), statistics.median(deltas))
+
+
+def ablation_found(series: Series) -> tuple[str, list[tuple[str, dict, dict[str, float]]]]:
+    """The first ablation kind: per run (label) its row of every norm at once along 1, and its null's deltas by
+    direction, at its newest step."""
+    found = defaultdict(list)
+    for label, rows in zip(series.labels, series.ablations):
+        newest = last_rows(rows)
+        for row in along_1(newest):
+            if row["site"] == "all" and row.get("delta") is not None:
+                kind = row.get("ablation") or ""
+                found[kind].append((label, row, {r["direction"]: r["delta"] for r in null_rows(newest)
+                                                 if (r.get("ablation") or "") == kind and r.get("delta") is not None}))
+    return sorted(found.items())[0] if found else ("", [])
+
+
 def ablation_numbers(series: Series) -> dict:
     """The first ablation kind's delta at every norm at once (site all): one run's with its bootstrap interval, or
-    the mean over the runs with a t interval over them."""
-    found = defaultdict(list)
-    for rows in series.ablations:
-        for row in last_rows(rows):
-            if row["site"] == "all" and row.get("delta") is not None:
-                found[row.get("ablation") or ""].append(row)
+    the mean over the runs with a t interval over them; and its percentile among the null's directions."""
+    kind, found = ablation_found(series)
     if not found:
         return dict(ablation="not run", ablation_delta=None, ablation_low=None, ablation_high=None,
-                    ablation_over="")
-    kind, rows = sorted(found.items())[0]
-    if len(rows) == 1:
-        (row,) = rows
+                    ablation_over="", ablation_null_pct=None, ablation_null_directions=None)
+    null = null_of([row["delta"] for _, row, _ in found], [n for *_, n in found])
+    nulls = dict(ablation_null_pct=null and null.percentile, ablation_null_directions=null and null.directions)
+    if len(found) == 1:
+        ((_, row, _),) = found
         unit = row.get("resampling_unit") or "windows"
         return dict(ablation=kind, ablation_delta=row["delta"], ablation_low=row.get("ci_low"),
-                    ablation_high=row.get("ci_high"), ablation_over=f"{unit} (bootstrap)")
-    interval = Interval.of([row["delta"] for row in rows])
+                    ablation_high=row.get("ci_high"), ablation_over=f"{unit} (bootstrap)", **nulls)
+    interval = Interval.of([row["delta"] for _, row, _ in found])
     return dict(ablation=kind, ablation_delta=interval.mean, ablation_low=interval.low,
-                ablation_high=interval.high, ablation_over=f"{interval.n} seeds (t)")
+                ablation_high=interval.high, ablation_over=f"{interval.n} seeds (t)", **nulls)
 
 
 def norm_rows(groups: list[Group], pretrained: list[Pretrained]) -> tuple[NormRow, ...]:
@@ -181,6 +217,9 @@ def norm_rows(groups: list[Group], pretrained: list[Pretrained]) -> tuple[NormRo
             elif (every := [r for r in group.runs if r.norm == arm]) and all(r.learned is False for r in every):
                 rows.append(NormRow(group.title, series.norm, 0, None, "did not learn", **angle_numbers(series),
                                     **{**ablation_numbers(series), "ablation": "not read"}))
+            elif every and group.learning_check == "bigram" and all(r.beyond_bigrams is False for r in every):
+                rows.append(NormRow(group.title, series.norm, 0, None, "no better than bigrams",
+                                    **angle_numbers(series), **ablation_numbers(series)))
     for model in pretrained:
         (series,) = model.series()
         rows.append(NormRow(f"{model.name} (pretrained)", series.norm, 1, last_step(model.angles), "pretrained",
@@ -193,12 +232,12 @@ NORM_COLUMNS = (
     Column(("step",), "step", ","), Column(("angle_z",), "z∠", "+.1f"), Column(("angle_p",), "p", ".3f"),
     Column(("cos2_z",), "z cos²", "+.1f"), Column(("cos2_p",), "p", ".3f"), Column(("share",), "share 1", ".4f"),
     Column(("share_percentile",), "pct", ".0f"), Column(("ablation_delta",), "Δ abl.", "+.4f"),
-    Column(("ablation_low", "ablation_high"), "95% CI", "+.4f"),
+    Column(("ablation_low", "ablation_high"), "95% CI", "+.4f"), Column(("ablation_null_pct",), "pct Δ", ".0f"),
 )
 
 NORM_CAPTION = (
-    "At the norm inputs, at each norm's step; runs: the seeds compared (0: none learned beyond token frequencies, "
-    "left out of every comparison). z∠: the mean angle to 1 at the site farthest from 90°, in sds of the same mean "
+    "At the norm inputs, at each norm's step; runs: the seeds compared (0: none passed the learning check, left out "
+    "of every comparison). z∠: the mean angle to 1 at the site farthest from 90°, in sds of the same mean "
     "for random directions (a seed average against seed averages); p: the share of random directions whose own "
     "farthest site is as far, so the largest of all sites is accounted for (— : no null of the largest; see the "
     "notes). Seeds whose 1-components point opposite ways cancel in z∠. z cos²: each seed's mean cos² along 1 in sds "
@@ -208,8 +247,11 @@ NORM_CAPTION = (
     "for picking the site. Δ abl.: the change of loss when, at inference, every norm's centring is removed (LN) or "
     "added (RMS; for a layer that divides by no statistic, its inputs before its map); its 95% CI is a t over the "
     "seeds, or one run's bootstrap "
-    "(verdict_norms.csv names the unit). In an LN model nothing reads the component along 1 before a norm removes "
-    "it: the RMS rows are the informative ones."
+    "(verdict_norms.csv names the unit). pct Δ: where it falls among the same ablation's Δ along each random unit "
+    "direction u in place of 1 (an RMS input loses its component along u; an LN's projection off 1 becomes the "
+    "projection off u), over seeds the mean Δ among each direction's mean Δ; a high pct says 1 matters more than a "
+    "random direction would (— : ablated without the null). In an LN model nothing reads the component along 1 "
+    "before a norm removes it: the RMS rows are the informative ones."
 )
 
 
