@@ -263,12 +263,14 @@ def test_a_hugging_face_directory_measured_by_main(prepared, tmp_path, capsys):
     out = tmp_path / "ablation" / tmp_path.name / "tiny-gpt2.csv"  # <folder>/<model>.csv
     blocks = len(torch.unique(draw_windows(88015 // 32, 8, seed=0) * 32 // 4096))  # 8 of the split's 2,750 windows
     assert capsys.readouterr().out.endswith(
-        f"wrote {out} (6 rows, 8 windows in {blocks} blocks of 4096 tokens, 248 scored tokens)\n")
+        f"wrote {out} (26 rows, 8 windows in {blocks} blocks of 4096 tokens, 248 scored tokens)\n")
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
     assert {(r["run"], r["model"], r["norm"], r["seed"], r["step"], r["ablation"], r["source"]) for r in rows} == {
         ("tiny-gpt2", "gpt2", "LayerNorm", "", "0", "uncentred", str((tmp_path / "tiny-gpt2").resolve()))}
-    assert all(abs(float(r["delta"])) < 1e-5 for r in rows)  # its residual writes are orthogonal to 1
+    along_1 = [r for r in rows if r["direction"] == "1"]
+    assert len(along_1) == 6 and all(abs(float(r["delta"])) < 1e-5 for r in along_1)  # its writes are orthogonal to 1
+    assert max(abs(float(r["delta"])) for r in rows if r["direction"] != "1") > 1e-4  # not so to random directions
 
 
 # -- the probe windows

@@ -1,10 +1,11 @@
 """What moved since a run directory, a checkpoint or a command line was written, and where it is now: the classes a
-saved config names (`_target_`), and two keys. The peak learning rate, once `model.lr` (interpolated into
-optimizer.lr), is `optimizer.lr`; the run directory's checkpoint schedule, once the removable callback
+saved config names (`_target_`), keys, and keys added since. The peak learning rate, once `model.lr` (interpolated
+into optimizer.lr), is `optimizer.lr`; the run directory's checkpoint schedule, once the removable callback
 `callbacks.scheduled_checkpoints`, is `checkpoints`; what a norm is, once the keys `norm.centred`, `norm.normalizes`
-and `norm.bias`, its class states (model.norms.traits). Every reader of a saved config takes it through current_config,
-and every command line is read through current_overrides, so that old runs load, resume and report with new ones
-and old commands keep working (tests/test_run_dir.py, tests/test_config.py)."""
+and `norm.bias`, its class states (model.norms.traits); `branch.moments`, added since, was `fresh` before it. Every
+reader of a saved config takes it through current_config, and every command line is read through current_overrides,
+so that old runs load, resume and report with new ones and old commands keep working (tests/test_run_dir.py,
+tests/test_config.py)."""
 
 import itertools
 import re
@@ -23,12 +24,15 @@ MOVED_KEYS = {"model.lr": "optimizer.lr", "callbacks.scheduled_checkpoints": "ch
 # What the callback's config held besides the schedule: its class and copies of run_dir and trainer settings
 NOT_THE_SCHEDULE = ("_target_", "path", "max_steps", "val_check_interval")
 NORM_TRAITS = ("centred", "normalizes", "bias")  # keys of `norm` once: its class states them (model.norms.traits)
+# Keys added since, each with the value every run written before it had: a branch restarted its optimizer afresh
+ADDED_KEYS = {("branch", "moments"): "fresh"}
 
 
 def current_config(config: dict) -> dict:
     """A saved config (nested dicts and lists) as it is written now: moved classes named by their place now; without
     model.lr, which only ever reached training as optimizer.lr (saved resolved beside it); the checkpoint schedule
-    under `checkpoints`; without the norm's NORM_TRAITS keys, which reached nothing but the report."""
+    under `checkpoints`; without the norm's NORM_TRAITS keys, which reached nothing but the report; the ADDED_KEYS it
+    lacks at the value it had."""
     config = current_targets(config)
     model, callbacks, norm = config.get("model"), config.get("callbacks"), config.get("norm")
     if isinstance(norm, dict):
@@ -39,6 +43,9 @@ def current_config(config: dict) -> dict:
         schedule = callbacks["scheduled_checkpoints"]
         config["callbacks"] = {k: v for k, v in callbacks.items() if k != "scheduled_checkpoints"}
         config["checkpoints"] = {k: v for k, v in schedule.items() if k not in NOT_THE_SCHEDULE}
+    for (section, key), value in ADDED_KEYS.items():
+        if isinstance(config.get(section, {}), dict) and key not in config.get(section, {}):
+            config[section] = {**config.get(section, {}), key: value}
     return config
 
 
