@@ -13,7 +13,7 @@ from normlab.common.errors import ConfigError
 from normlab.common.moved import current_config, current_overrides
 from normlab.common.paths import CONF_DIR, PROJECT_ROOT
 from normlab.training.checks import check_train_config
-from normlab.training.pipeline import build_model, build_run_directory, build_trainer
+from normlab.training.pipeline import build_callbacks, build_model, build_run_directory, build_trainer
 from normlab.training.rundir.config import check_saved_config
 from normlab.training.rundir.directory import RunDirectory
 from normlab.training.rundir.files import RunDirError
@@ -122,6 +122,13 @@ def test_a_model_key_that_is_no_field_of_gptconfig_is_refused_in_one_line():
 def test_the_run_directory_cannot_be_removed_by_an_override(override):
     with pytest.raises(ConfigError, match=r"^checkpoints cannot be removed: it configures the run directory"):
         check_train_config(compose_config("train", [override]))
+
+
+@pytest.mark.parametrize("override", ["callbacks.angles=null", "~callbacks.angles"])
+def test_a_callback_set_to_null_is_off_as_one_removed(prepared, override):
+    names = [type(c).__name__ for c in build_callbacks(compose_config("train", [override]))]
+    assert "AngleCallback" not in names and "NonFiniteGuard" in names and "NoneType" not in names
+    assert "AngleCallback" in [type(c).__name__ for c in build_callbacks(compose_config("train"))]
 
 
 def test_the_run_directory_is_no_callback_and_an_old_config_files_callback_of_it_is_refused(tmp_path):

@@ -158,6 +158,11 @@ def summary(cfg: DictConfig, module, accumulate: int) -> str:
             f"(micro-batch x devices x nodes x accumulation); {cfg.trainer.precision}; run directory {cfg.run_dir}")
 
 
+def build_callbacks(cfg: DictConfig) -> list:
+    """The callbacks of `cfg.callbacks`; one set to null is off, as one removed (`~callbacks.angles`)."""
+    return [build(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+
+
 def train(cfg: DictConfig, extra_callbacks=(), micro_batch=None):
     """Train the run of `cfg` (resuming it when its directory holds one) and return its LightningModule.
     micro_batch(cfg, model on the meta device): resolves data.batch_size=auto into cfg and says how (normlab-train
@@ -201,7 +206,7 @@ def train(cfg: DictConfig, extra_callbacks=(), micro_batch=None):
         source = check_branch(cfg) if branching else None
         start = start_checkpoint(cfg, module, source) if source else None
         del source  # the source's checkpoint, in memory: only the start is kept
-        callbacks = [build(c) for c in (cfg.get("callbacks") or {}).values()]  # loads and checks the angle probe set
+        callbacks = build_callbacks(cfg)  # loads and checks the angle probe set
     except NormlabError:
         if run_dir.is_dir() and not any(run_dir.iterdir()):
             run_dir.rmdir()  # Hydra made it for this run: leave nothing behind
