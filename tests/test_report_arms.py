@@ -216,8 +216,8 @@ def test_a_users_norm_beside_rmsnorm_is_no_replicate_and_is_compared_with_the_re
     # 0.05, 0.02: mean 0.035, sd 0.0212, half-width 12.7062 x 0.0212 / sqrt 2 = 0.1906
     assert ("| tiny | scalenorm − layernorm | 2 | +0.0350 | [-0.1556, +0.2256] | "
             "[-0.3468, +0.4168] | 0.26 | 2 |") in summary
-    assert ("| scalenorm − layernorm (another norm in place of layernorm; the bias differs too) | paired t | 2 (0, 1) "
-            "| +0.0500, +0.0200 | +0.0350 | [-0.1556, +0.2256] (1 df) | simultaneous [") in summary
+    assert ("| scalenorm − layernorm (another norm in place of layernorm; the bias differs too) | paired t | 2 "
+            "(0, 1) | +0.0500, +0.0200 | +0.0350 | [-0.1556, +0.2256] (1 df) | simultaneous [") in summary
     # RMSNorm's 6,540,864 parameters less 63 at each of its 5 norms (one scalar gain for 64)
     assert "| scalenorm-seed1 | scalenorm | 1 | 6,540,549 |" in summary and "point-wise" not in summary
 
@@ -418,6 +418,6 @@ def test_a_comparison_named_twice_in_pairs_is_refused(tmp_path):
         report(f"runs={tmp_path / 'sweep'}", f"out={tmp_path / 'out'}",
                "pairs=[[layernorm,rmsnorm],[rmsnorm,layernorm]]")
     assert str(refused.value) == ("pairs names the comparison of rmsnorm and layernorm twice ([layernorm,rmsnorm] and "
-                                  "[rmsnorm,layernorm]): give each pair once (b − a and a − b are one comparison, its "
-                                  "sign turned)")
+                                  "[rmsnorm,layernorm]): give each pair once (b − a and a − b are one "
+                                  "comparison, its sign turned)")
     assert not (tmp_path / "out").exists()

@@ -5,7 +5,6 @@ weight chosen on the last part of the training split (never on the validation sp
 whole training split. normlab-prepare keeps it in meta.json; for a corpus prepared before it did, it is computed from
 the token files (a few seconds on the embedded corpus, nothing written)."""
 
-import json
 import math
 from pathlib import Path
 
@@ -90,10 +89,4 @@ def of_splits(folder: Path, meta: dict) -> dict:
 def held_out_loss(folder: Path) -> float | None:
     """The prepared corpus' held-out bigram cross-entropy: meta.json's, else computed from its token files; None
     where the corpus is not there (moved, or a probe-only corpus)."""
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-        if KEY in meta:
-            return float(meta[KEY]["val"])
-        return of_splits(folder, meta)["val"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return unigram.kept_or_computed(folder, KEY, of_splits)

@@ -33,10 +33,14 @@ def of_splits(folder: Path, meta: dict) -> dict:
 def held_out_loss(folder: Path) -> float | None:
     """The prepared corpus' held-out unigram cross-entropy: meta.json's, else computed from its token files; None
     where the corpus is not there (moved, or a probe-only corpus without train and val splits)."""
+    return kept_or_computed(folder, KEY, of_splits)
+
+
+def kept_or_computed(folder: Path, key: str, of_splits) -> float | None:
+    """A learning-check bar of a prepared corpus: meta.json's `key`, else `of_splits(folder, meta)` from its token
+    files; None where the corpus or its splits are not there."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        if KEY in meta:
-            return float(meta[KEY]["val"])
-        return of_splits(folder, meta)["val"]
+        return float(meta[key]["val"]) if key in meta else of_splits(folder, meta)["val"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
