@@ -25,13 +25,16 @@ from normlab.probe.table import AnalysisError
 from normlab.study.ablate import (
     CSV_COLUMNS,
     EARLIER_COLUMNS,
+    LOSS_CHUNK,
     ablate,
     ablation,
     ablation_rows,
     bootstrap_interval,
+    losses_of,
     main,
     plan,
     random_directions,
+    window_losses,
 )
 from normlab.training.pipeline import build_model
 from normlab.training.rundir.checkpoints import write_checkpoint
@@ -125,6 +128,19 @@ def test_layernorm_uncentred_everywhere_is_rmsnorm_and_rmsnorm_centred_everywher
     assert ln_all["ablated_loss"] == pytest.approx(rms_all["loss"], abs=1e-5)
     assert rms_all["ablated_loss"] == pytest.approx(ln_all["loss"], abs=1e-5)
     assert ln_all["delta"] == pytest.approx(-rms_all["delta"], abs=1e-5)
+
+
+def test_a_normlab_models_loss_in_chunks_of_tokens_equals_the_loss_of_its_whole_logits():
+    """GPT-2's vocabulary, windows whose 3 x 99 scored tokens are no multiple of LOSS_CHUNK: each window's loss from
+    the head in chunks equals the one from the whole B x T x vocab logits, and the model's own mean loss."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=100, vocab_size=50257), RMSNorm).eval()
+    ids = torch.randint(50257, (3, 100))
+    assert (3 * 99) % LOSS_CHUNK
+    with torch.no_grad():
+        chunked, whole = losses_of(model, "normlab")(ids), window_losses(model(ids), ids)
+        assert torch.allclose(chunked, whole, rtol=0, atol=1e-6)
+        assert chunked.mean().item() == pytest.approx(model(ids[:, :-1], ids[:, 1:]).item(), abs=1e-5)
 
 
 def test_bootstrap_interval_known_answers():

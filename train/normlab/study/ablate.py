@@ -147,8 +147,29 @@ def window_losses(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return loss.view_as(targets)[:, :-1].double().mean(1)
 
 
+# Tokens whose logits a normlab model's loss holds at once: 64 x 50,257 in float32 is 13 MB, under glibc's largest
+# mmap threshold (32 MB), so malloc reuses the blocks at every forward instead of mapping them and page-faulting
+# them in again (the whole B x T x vocab logits, hundreds of MB, cost more system time than the forward)
+LOSS_CHUNK = 64
+
+
+def losses_of(model: nn.Module, layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """ids [B, T] -> [B], each window's mean next-token loss: a normlab model's head in chunks of LOSS_CHUNK tokens,
+    another model's logits whole."""
+    if layout != "normlab":
+        return lambda ids: window_losses(model(input_ids=ids).logits, ids)
+
+    def losses(ids: torch.Tensor) -> torch.Tensor:
+        hidden, targets = model(ids, head=False)[:, :-1].flatten(0, 1), ids[:, 1:].flatten()
+        per_token = [F.cross_entropy(model.lm_head(h).float(), t, reduction="none")
+                     for h, t in zip(hidden.split(LOSS_CHUNK), targets.split(LOSS_CHUNK))]
+        return torch.cat(per_token).view(len(ids), -1).double().mean(1)
+
+    return losses
+
+
 @torch.no_grad()
-def measure(forward: Callable, sites: list[NormSite], batches, progress=None,
+def measure(losses_of_windows: Callable, sites: list[NormSite], batches, progress=None,
             directions: torch.Tensor | None = None) -> tuple[torch.Tensor, ShareAlong1]:
     """Per window, the loss as trained and with each ablation in turn (each site alone, all at once, then all at once
     along each of `directions` [n, d] in place of 1): [1 + len(sites) + 1 + n, windows] float64; and the share along 1
@@ -162,12 +183,12 @@ def measure(forward: Callable, sites: list[NormSite], batches, progress=None,
     for ids in batches:
         with ExitStack() as stack:
             share.hooks(stack)
-            losses[0].append(window_losses(forward(ids), ids).cpu())
+            losses[0].append(losses_of_windows(ids).cpu())
         for row, (ablated, direction) in zip(losses[1:], ablations):
             with ExitStack() as stack:
                 for i in ablated:
                     ablate(stack, sites[i], kinds[i], direction)
-                row.append(window_losses(forward(ids), ids).cpu())
+                row.append(losses_of_windows(ids).cpu())
         if progress is not None:
             progress.update()
     return torch.stack([torch.cat(row) for row in losses]), share
@@ -193,12 +214,6 @@ def bootstrap_interval(deltas: torch.Tensor, resamples: int, seed: int,
     return low, high
 
 
-def forward_of(model: nn.Module, layout: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if layout == "normlab":
-        return model
-    return lambda ids: model(input_ids=ids).logits
-
-
 def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_size: int = 8, resamples: int = 1000,
                   seed: int = 0, device: str = "cpu", desc: str | None = None, blocks: torch.Tensor | None = None,
                   unit: str = "windows", null_directions: int = 0) -> list[dict]:
@@ -217,7 +232,7 @@ def ablation_rows(model: nn.Module, layout: str, windows: torch.Tensor, batch_si
     directions = (random_directions(input_width(model, layout, sites[0], windows[:1].to(device)), null_directions,
                                     seed) if null_directions else None)
     with tqdm(total=len(batches), desc=desc, unit="batch") as progress:
-        losses, share = measure(forward_of(model, layout), sites, batches, progress, directions)
+        losses, share = measure(losses_of(model, layout), sites, batches, progress, directions)
     deltas = losses[1:] - losses[0]
     low, high = bootstrap_interval(deltas, resamples, seed, blocks)
     n, seq_len = windows.shape
@@ -253,7 +268,7 @@ def input_width(model: nn.Module, layout: str, site: NormSite, ids: torch.Tensor
     """The width of the norm's input at `site`, seen in one forward (whatever the norm's parameters)."""
     seen = []
     with site.module.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[-1])):
-        forward_of(model, layout)(ids)
+        losses_of(model, layout)(ids)
     return seen[0]
 
 
@@ -389,9 +404,8 @@ def main(cfg: DictConfig) -> None:
     check_out(out)
     for warning in subject.warnings:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    from normlab.training.runtime import keep_freed_memory
-
-    keep_freed_memory()  # as normlab-train does: each forward allocates the same large logits again
+    # not normlab-train's keep_freed_memory (glibc's heap for big blocks): under it, this loop of forwards once grew a
+    # CI machine's process by about the logits' size at each forward until it was killed; LOSS_CHUNK keeps it fast
     model = subject.load()
     names = pretrained.with_norm(subject.names, model, subject.layout)
     rows = ablation_rows(model, subject.layout, subject.windows, cfg.probe.batch_size, cfg.bootstrap, cfg.seed,

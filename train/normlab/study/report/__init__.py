@@ -33,17 +33,18 @@ import matplotlib.pyplot as plt
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.common import outputs
-from normlab.probe.figure import DPI
+from normlab.probe.figure import DPI, save
 from normlab.probe.table import AnalysisError
 from normlab.study.report.contrasts import family, intervals_of
 from normlab.study.report.dashboard import log_report, project_of
-from normlab.study.report.figures import STYLE, draw_group, draw_pretrained
+from normlab.study.report.figures import STYLE, draw_group, draw_pretrained, tuning_figure
 from normlab.study.report.groups import LEARNING_CHECKS, Declared, group_runs
 from normlab.study.report.numbers import write_numbers
 from normlab.study.report.pretrained import load_pretrained
-from normlab.study.report.render import write_csv
+from normlab.study.report.render import markdown, write_csv
 from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
+from normlab.study.report.tuning import choices_table, points_table, tune
 from normlab.study.report.verdict import HOW_TO_READ, verdict
 
 COMMAND = "normlab-report"
@@ -79,6 +80,8 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
         hint = (f": {first} has no training metrics (a run of normlab-convert, say); give the CSV of "
                 f"`normlab-angles model_path={first}` as csvs=[...]") if first else ""
         raise AnalysisError(f"no run (metrics.csv + config.yaml) under {', '.join(map(str, paths))}{hint}")
+    if declared.tuning:
+        return tuning_report(runs, out, declared.tuning, figures, to_wandb)
     check_declared(declared, runs)
     groups = group_runs(runs, declared)  # each run's norm class answers here, before anything is written
     members = family(groups)
@@ -104,6 +107,32 @@ def report(paths: list[Path], out: Path, csvs: list[Path] = (), declared: Declar
     what = f"{count} figures (PDF and PNG, {DPI} dpi)" if figures else "no figures (figures=false)"
     logged = f"; logged to wandb ({mode}: {out / 'wandb'})" if mode else ""
     print(table + f"\nwrote summary.md, {what} and its numbers ({', '.join(tables)}) to {out}{logged}")
+
+
+def tuning_report(runs: list, out: Path, key: str, figures: bool, to_wandb: bool) -> None:
+    """The tuning of `key` (tuning.py): each norm's best value and whether it lies inside the grid, every value's
+    loss, a figure per group, the two tables as CSV and on wandb."""
+    if not runs:
+        raise AnalysisError(f"tuning={key} needs training runs (metrics.csv + config.yaml), not pretrained CSVs")
+    tunings = tune(runs, key)
+    if not any(t.points for t in tunings):
+        raise AnalysisError(f"no run under the runs given has a finished final loss at a numeric {key}: "
+                            f"tuning= names the dotted config key swept (optimizer.lr)")
+    tables = [choices_table(tunings), points_table(tunings)]
+    left_out = "".join(f"- `{run}`: {why}\n" for t in tunings for run, why in t.left_out)
+    text = (f"# normlab report: the tuning of {key}\n\n## Each norm's best\n\n{markdown(tables[0])}\n"
+            f"## Every value\n\n{markdown(tables[1])}\n" + (f"Left out:\n{left_out}\n" if left_out else ""))
+    with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
+        drawn = [tuning_figure(t, next((r.bigram_loss for r in runs if r.bigram_loss is not None), None))
+                 for t in tunings] if figures else []
+        names = [save(fig, staging, f"tuning_{i}") for i, fig in enumerate(drawn)]
+        (staging / "summary.md").write_text(text + images([n for n in names if n]))
+        written = [write_csv(t, staging) for t in tables]
+        mode = log_report(staging, tables, project_of([r.config for r in runs]),
+                          f"report-{out.resolve().name}") if to_wandb else None
+    logged = f"; logged to wandb ({mode}: {out / 'wandb'})" if mode else ""
+    print(markdown(tables[0]) + f"\nwrote summary.md, {len([n for n in names if n])} figures and {', '.join(written)} "
+          f"to {out}{logged}")
 
 
 def as_paths(value) -> list[Path]:
@@ -150,5 +179,8 @@ def declared(cfg: DictConfig) -> Declared:
     if check not in LEARNING_CHECKS:
         raise AnalysisError(f"learning_check={check}: give bigram (compare runs below a count bigram model's loss), "
                             "unigram (below token frequencies') or false (compare every run: smoke runs)")
+    tuning = cfg.get("tuning")
+    if tuning is not None and (not isinstance(tuning, str) or not tuning.strip()):
+        raise AnalysisError(f"tuning={tuning}: give the dotted config key that was swept per norm, e.g. optimizer.lr")
     return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs), tuple(tuned),
-                    check)
+                    check, tuning)

@@ -34,6 +34,7 @@ from normlab.study.report.groups import Comparison, Group, Series, last_rows
 from normlab.study.report.intervals import Interval
 from normlab.study.report.pretrained import Pretrained
 from normlab.study.report.runs import along_1, null_rows
+from normlab.study.report.tuning import Tuning
 
 STYLE = {"font.size": 8, "axes.titlesize": 8, "legend.fontsize": 6.5, "axes.labelsize": 8, "pdf.fonttype": 42}
 REFERENCE_LABELS = {"uniform": "uniform vector 1", "random_a": "random direction a~ (length √d)",
@@ -428,6 +429,32 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     steps = steps_title(r.get("step") for *_, runs in panels for _, rows in runs for r in rows)
     finish(fig, axes.flat, f"{title}: centring ablated (LN: removed, RMS: added)\nΔ loss, ablated − as trained "
            f"(95% CI)\ncheckpoints at {steps}", ncols=6)
+    return fig
+
+
+def tuning_figure(tuning: Tuning, bigram_loss: float | None) -> Figure | None:
+    """Each norm's final loss against the setting swept (log axis), its best ringed, a diverged value marked with an x
+    at the top edge (no loss to draw); the bigram bar where known."""
+    if not tuning.points:
+        return None
+    styles = norm_styles([AngleSeries(c.norm, []) for c in tuning.choices])
+    fig, ax = plt.subplots(figsize=(4.8, 3.4), layout="constrained")
+    for c in tuning.choices:
+        mine = [p for p in tuning.points if p.norm == c.norm]
+        finite = [p for p in mine if p.final_val_loss < float("inf")]
+        style = styles[c.norm]
+        ax.plot([p.value for p in finite], [p.final_val_loss for p in finite], color=style.color,
+                marker=style.marker, ms=4, lw=0.9, label=f"{c.norm}: best {c.best:g} ({c.advice})")
+        ax.plot([c.best], [c.final_val_loss], "o", mfc="none", mec=style.color, ms=10, label="_best")
+        diverged = [p.value for p in mine if p not in finite]
+        ax.plot(diverged, [0.97] * len(diverged), "x", color=style.color, ms=7, label="_diverged",
+                transform=ax.get_xaxis_transform())
+    if bigram_loss is not None:
+        ax.axhline(bigram_loss, color="dimgray", ls=":", lw=0.9, label=BIGRAM_LABEL)
+    ax.set(xscale="log", xlabel=tuning.key, ylabel="final validation loss (nats/token)")
+    ax.grid(alpha=0.3)
+    finish(fig, [ax], f"{tuning.title}: each norm's final loss by {tuning.key} (ringed: its best; x: diverged)",
+           ncols=1)
     return fig
 
 

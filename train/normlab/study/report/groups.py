@@ -41,6 +41,7 @@ class Declared:
     pairs: tuple[tuple[str, str], ...] = ()
     tuned: tuple[str, ...] = ()
     learning_check: str = "bigram"  # which bar a compared run must pass (LEARNING_CHECKS)
+    tuning: str | None = None  # a setting swept per norm (optimizer.lr): the report is its tuning (tuning.py)
 
     def is_tuned(self, key: str) -> bool:
         return any(key == k or key.startswith(f"{k}.") for k in self.tuned)

@@ -323,6 +323,12 @@ class Run:
         return self.final_val_loss < self.bigram_loss - BIGRAM_MARGIN
 
     @property
+    def diverged(self) -> bool:
+        """Whether its last validation loss in metrics.csv is not finite (the earlier finite ones are no final loss)."""
+        bad = self.nonfinite.get("val/loss")
+        return bool(bad) and max(bad) + 1 > (self.val_step or 0)
+
+    @property
     def incomplete(self) -> str:
         """Why the run's final validation loss cannot be compared ('' when it can): the run is unfinished (by the
         steps of its checkpoints, or where it has none by its last validation row), or that loss is not finite, or
@@ -330,8 +336,8 @@ class Run:
         final, validated = self.max_steps, self.val_step
         if final is not None and self.saved_step is not None and self.saved_step < final:
             return f"unfinished: step {self.saved_step:,} of {final:,}"
-        if (bad := self.nonfinite.get("val/loss")) and max(bad) + 1 > (validated or 0):
-            return f"final val loss (after step {max(bad) + 1:,}) not finite in metrics.csv"
+        if self.diverged:
+            return f"final val loss (after step {max(self.nonfinite['val/loss']) + 1:,}) not finite in metrics.csv"
         if final is None or self.saved_step is None:
             if validated is None:
                 return "unfinished: no validation yet"

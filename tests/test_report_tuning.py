@@ -1,0 +1,109 @@
+"""normlab-report tuning=optimizer.lr on planted tuning sweeps whose answer is known: each norm's best value, whether
+it lies inside the grid or at an end (then the advice to extend it that way), a diverged value ranked worst, the mean
+and spread over seeds, the bigram margin of the best, the same numbers in summary.md and the CSVs, and bad input
+refused in one line with nothing written."""
+
+import csv
+import math
+
+import pytest
+
+from normlab.probe.table import AnalysisError
+from normlab.study.report.runs import find_runs
+from normlab.study.report.tuning import HIGHEST, INSIDE, LOWEST, tune
+from test_report import make_run, report, write_csv
+
+GRID = (1e-3, 2e-3, 4e-3, 8e-3)
+# LayerNorm's best inside the grid (4e-3); RMSNorm's still falling at its highest value (8e-3)
+LOSSES = {"layernorm": (3.30, 3.10, 3.02, 3.08), "rmsnorm": (3.40, 3.20, 3.10, 3.05)}
+
+
+def sweep(root, losses=LOSSES, grid=GRID, seeds=(0,)):
+    for norm, values in losses.items():
+        for lr, loss in zip(grid, values):
+            for seed in seeds:
+                make_run(root, f"tiny-{norm}-lr{lr:g}-seed{seed}", norm, seed, loss + seed / 100,
+                         settings={"optimizer.lr": lr})
+
+
+def diverge(run_dir):
+    """Its last validation loss nan, as a run whose loss blew up logs it."""
+    rows = list(csv.DictReader(open(run_dir / "metrics.csv")))
+    rows[-1]["val/loss"] = "nan"
+    write_csv(run_dir / "metrics.csv", rows, list(rows[0]))
+
+
+def rows_of(path):
+    return list(csv.DictReader(open(path)))
+
+
+def test_each_norms_best_and_where_it_lies_in_the_grid(tmp_path):
+    sweep(tmp_path / "tuning")
+    (tuning,) = tune(find_runs([tmp_path / "tuning"])[0], "optimizer.lr")
+    choices = {c.norm: c for c in tuning.choices}
+    assert (choices["layernorm"].best, choices["layernorm"].where) == (4e-3, INSIDE)
+    assert choices["layernorm"].final_val_loss == pytest.approx(3.02)
+    assert choices["layernorm"].next_above == pytest.approx(0.06)  # 8e-3's 3.08, nearer than 2e-3's 3.10
+    assert (choices["rmsnorm"].best, choices["rmsnorm"].where) == (8e-3, HIGHEST)
+    assert choices["rmsnorm"].advice == "at the grid's highest: extend it above 0.008"
+    assert choices["rmsnorm"].grid == GRID
+    ln = [p for p in tuning.points if p.norm == "layernorm"]
+    assert [p.best for p in ln] == [False, False, True, False]
+    assert [p.above_best for p in ln] == pytest.approx([0.28, 0.08, 0.0, 0.06])
+
+    falling = {"layernorm": (3.0, 3.1, 3.2, 3.3)}
+    sweep(tmp_path / "low", falling)
+    (low,) = tune(find_runs([tmp_path / "low"])[0], "optimizer.lr")
+    assert (low.choices[0].where, low.choices[0].advice) == (LOWEST, "at the grid's lowest: extend it below 0.001")
+
+
+def test_a_diverged_value_ranks_worst_and_the_extended_grid_puts_the_best_inside(tmp_path):
+    """RMSNorm's grid extended above 8e-3: at 1.6e-2 it diverged, so 8e-3 lies inside, that neighbour infinitely worse;
+    an unfinished run is left out of its value, with the reason."""
+    root = tmp_path / "tuning"
+    sweep(root)
+    diverge(make_run(root, "tiny-rmsnorm-lr0.016-seed0", "rmsnorm", 0, 3.0, settings={"optimizer.lr": 1.6e-2}))
+    make_run(root, "tiny-layernorm-lr0.016-seed0", "layernorm", 0, 2.0, steps=6, settings={"optimizer.lr": 1.6e-2})
+    (tuning,) = tune(find_runs([root])[0], "optimizer.lr")
+    rms = next(c for c in tuning.choices if c.norm == "rmsnorm")
+    assert (rms.best, rms.where) == (8e-3, INSIDE) and rms.next_above == pytest.approx(0.05)  # 4e-3's, not 1.6e-2's
+    diverged = next(p for p in tuning.points if p.value == 1.6e-2)
+    assert diverged.final_val_loss == diverged.above_best == math.inf
+    assert tuning.left_out == (("tiny-layernorm-lr0.016-seed0", "unfinished: step 6 of 10"),)
+    assert next(c for c in tuning.choices if c.norm == "layernorm").grid == GRID  # 1.6e-2 not in its grid
+
+
+def test_seeds_at_a_value_give_its_mean_and_spread(tmp_path):
+    sweep(tmp_path / "tuning", seeds=(0, 1, 2))
+    (tuning,) = tune(find_runs([tmp_path / "tuning"])[0], "optimizer.lr")
+    point = next(p for p in tuning.points if p.norm == "layernorm" and p.value == 4e-3)
+    assert point.final_val_loss == pytest.approx(3.03)  # 3.02, 3.03, 3.04
+    assert point.seed_sd == pytest.approx(0.01) and point.seeds == (0, 1, 2)
+
+
+def test_the_report_writes_the_choices_and_every_value_in_markdown_csv_and_a_figure(tmp_path, prepared):
+    root = tmp_path / "tuning"
+    sweep(root)
+    report(f"runs={root}", f"out={tmp_path / 'out'}", "tuning=optimizer.lr", figures=True)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert summary.startswith("# normlab report: the tuning of optimizer.lr")
+    assert "| layernorm | 0.004 | 3.0200 |" in summary
+    assert "at the grid's highest: extend it above 0.008" in summary
+    choices = {r["norm"]: r for r in rows_of(tmp_path / "out" / "tuning_choices.csv")}
+    assert float(choices["layernorm"]["best"]) == 4e-3 and choices["rmsnorm"]["where"] == HIGHEST
+    assert choices["layernorm"]["grid"] == "0.001 0.002 0.004 0.008"
+    points = rows_of(tmp_path / "out" / "tuning.csv")
+    planted = {v for values in LOSSES.values() for v in values}
+    assert len(points) == 8 and {float(p["final_val_loss"]) for p in points} == planted
+    assert (tmp_path / "out" / "tuning_0.png").stat().st_size > 10_000
+    assert "![tuning_0.png](tuning_0.png)" in summary
+
+
+def test_a_tuning_key_that_is_no_number_or_empty_is_refused_in_one_line(tmp_path):
+    sweep(tmp_path / "tuning")
+    with pytest.raises(AnalysisError, match="no run under the runs given has a finished final loss at a numeric "
+                                            "model.name: tuning= names the dotted config key swept"):
+        report(f"runs={tmp_path / 'tuning'}", f"out={tmp_path / 'out'}", "tuning=model.name")
+    with pytest.raises(AnalysisError, match="tuning=: give the dotted config key"):
+        report(f"runs={tmp_path / 'tuning'}", f"out={tmp_path / 'out'}", "tuning=''")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,160 @@
+"""A tuning sweep's answer (normlab-report tuning=optimizer.lr): the runs grouped by their comparison settings less
+the setting swept; in each group, every norm's final validation loss at each value of the setting (the mean over its
+seeds there), its best value, and whether that best lies inside the grid or at one of its ends (then the grid is
+extended before the study: a best at an end is a bound, not a choice). A run that diverged (a final loss that is not
+finite) counts as worse than any other value; one unfinished is left out of its value."""
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from normlab.study.report.groups import arm_label, arms_of, comparison_settings, settings_key
+from normlab.study.report.render import Column, Table
+from normlab.training.rundir.config import flat
+
+INSIDE, LOWEST, HIGHEST, NONE = "inside", "lowest", "highest", "none"  # where a norm's best lies in its grid
+
+
+@dataclass(frozen=True)
+class Point:
+    """One norm at one value of the setting swept: its runs' mean final loss (inf where one diverged)."""
+    group: str
+    norm: str
+    value: float
+    runs: tuple[str, ...]
+    seeds: tuple[int, ...]
+    final_val_loss: float
+    seed_sd: float | None  # the sd of the final loss over its seeds (None: one seed)
+    above_best: float | None = None  # its loss minus its norm's best (0 at the best)
+    best: bool = False
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A norm's best value of the setting in its grid, where it lies in the grid, and its neighbours' distance."""
+    group: str
+    norm: str
+    best: float
+    final_val_loss: float
+    grid: tuple[float, ...]
+    where: str  # INSIDE, LOWEST or HIGHEST; NONE: every value diverged
+    next_above: float | None  # the smaller of its grid neighbours' loss above its own (inf: a neighbour diverged)
+    bigram_margin: float | None  # the best's final loss below its data's bigram bar (negative: above it)
+
+    @property
+    def inside(self) -> bool:
+        return self.where == INSIDE
+
+    @property
+    def advice(self) -> str:
+        if self.where == INSIDE:
+            return "inside the grid"
+        if self.where == NONE:
+            return "every value diverged: sweep lower values"
+        if len(self.grid) == 1:
+            return "one value: sweep a grid around it"
+        side, end = ("below", self.grid[0]) if self.where == LOWEST else ("above", self.grid[-1])
+        return f"at the grid's {self.where}: extend it {side} {end:g}"
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The points and choices of one group of runs that differ only in the norm, the seed and the setting swept."""
+    title: str
+    key: str
+    points: tuple[Point, ...]
+    choices: tuple[Choice, ...]
+    left_out: tuple[tuple[str, str], ...]  # (run, why)
+
+
+def value_of(config: dict, key: str) -> float | None:
+    value = flat(config).get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def tune(runs: list, key: str) -> list[Tuning]:
+    """The tuning of `key` in `runs` (runs.Run), one Tuning per group of equal settings but for `key`."""
+    groups: dict[str, list] = defaultdict(list)
+    for run in runs:
+        settings = {k: v for k, v in comparison_settings(run.config).items() if k != key}
+        groups[settings_key(settings)].append(run)
+    titled = sorted(groups.values(), key=lambda members: (members[0].model, members[0].name))
+    return [tuning_of(f"{members[0].model} ({len(members)} runs)" if len(titled) > 1 else members[0].model,
+                      members, key) for members in titled]
+
+
+def tuning_of(title: str, runs: list, key: str) -> Tuning:
+    by_arm: dict = defaultdict(lambda: defaultdict(list))  # a norm (runs.Arm) -> value -> its runs there
+    left_out = []
+    for run in sorted(runs, key=lambda r: (r.norm.order, r.name)):
+        value = value_of(run.config, key)
+        if value is None:
+            left_out.append((run.name, f"{key} is not a number in its config.yaml"))
+        elif run.incomplete and not run.diverged:
+            left_out.append((run.name, run.incomplete))
+        else:
+            by_arm[run.norm][value].append(run)
+    points, choices = [], []
+    arms = arms_of(runs)
+    for arm in sorted(by_arm, key=lambda a: a.order):
+        norm, by_value = arm_label(arms, arm), by_arm[arm]
+        mine = [point(title, norm, value, found) for value, found in sorted(by_value.items())]
+        best = min(mine, key=lambda p: p.final_val_loss)
+        finite = math.isfinite(best.final_val_loss)  # else every value diverged: no best
+        mine = [Point(**{**vars(p), "above_best": p.final_val_loss - best.final_val_loss if finite else None,
+                         "best": p is best and finite}) for p in mine]
+        points += mine
+        choices.append(choice(title, norm, mine, by_value))
+    return Tuning(title, key, tuple(points), tuple(choices), tuple(left_out))
+
+
+def point(title: str, norm: str, value: float, runs: list) -> Point:
+    losses = [math.inf if r.diverged or not math.isfinite(r.final_val_loss) else r.final_val_loss for r in runs]
+    finite = [v for v in losses if math.isfinite(v)]
+    return Point(title, norm, value, tuple(r.name for r in runs), tuple(r.seed for r in runs),
+                 math.fsum(losses) / len(losses) if len(finite) == len(losses) else math.inf,
+                 statistics.stdev(finite) if len(finite) > 1 and len(finite) == len(losses) else None)
+
+
+def choice(title: str, norm: str, points: list[Point], by_value: dict) -> Choice:
+    grid = tuple(p.value for p in points)
+    at = next((i for i, p in enumerate(points) if p.best), None)
+    if at is None:
+        return Choice(title, norm, math.nan, math.inf, grid, NONE, None, None)
+    where = LOWEST if at == 0 else HIGHEST if at == len(points) - 1 else INSIDE
+    neighbours = [points[i].above_best for i in (at - 1, at + 1) if 0 <= i < len(points)]
+    best = points[at]
+    bars = [r.bigram_loss for r in by_value[best.value] if r.bigram_loss is not None]
+    return Choice(title, norm, best.value, best.final_val_loss, grid, where, min(neighbours) if neighbours else None,
+                  bars[0] - best.final_val_loss if bars and math.isfinite(best.final_val_loss) else None)
+
+
+def points_table(tunings: list[Tuning]) -> Table:
+    key = tunings[0].key if tunings else "setting"
+    columns = (Column(("group",), "group", right=False), Column(("norm",), "norm", right=False),
+               Column(("value",), key, "g"), Column(("final_val_loss",), "final loss", ".4f"),
+               Column(("above_best",), "Δ best", "+.4f"), Column(("seed_sd",), "sd seeds", ".4f"),
+               Column(("seeds",), "seeds", right=False))
+    caption = (f"Each norm's final validation loss (nats/token, the mean of its last validations as its config "
+               f"declares, and over its seeds at that {key}) at each value swept; Δ best: above that norm's lowest; "
+               "sd seeds: over its seeds where there are several. inf: a run diverged (its loss not finite). With "
+               "one seed a value, a difference between neighbouring values smaller than the seed-to-seed spread does "
+               "not rank them: the best is a choice among them, not an estimate of the optimum.")
+    rows = tuple({**vars(p), "seeds": " ".join(map(str, p.seeds))} for t in tunings for p in t.points)
+    return Table("tuning", columns, rows, caption)
+
+
+def choices_table(tunings: list[Tuning]) -> Table:
+    key = tunings[0].key if tunings else "setting"
+    columns = (Column(("group",), "group", right=False), Column(("norm",), "norm", right=False),
+               Column(("best",), f"best {key}", "g"), Column(("final_val_loss",), "final loss", ".4f"),
+               Column(("next_above",), "next Δ", "+.4f"), Column(("bigram_margin",), "below bigram", "+.4f"),
+               Column(("advice",), "grid", right=False))
+    caption = (f"Each norm's {key} of lowest final loss in its grid; next Δ: the nearer of its grid neighbours' loss "
+               "above it (small: a flat optimum); below bigram: its final loss below the count bigram model's "
+               "held-out cross-entropy of its data (negative: above it, the model no better than a lookup table). A "
+               "best at an end of the grid is a bound: the grid is extended there before the study uses it.")
+    rows = tuple({**vars(c), "grid": " ".join(f"{v:g}" for v in c.grid), "advice": c.advice}
+                 for t in tunings for c in t.choices)
+    return Table("tuning_choices", columns, rows, caption)
