@@ -65,7 +65,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
     (["sections=[]"], "no section in sections: choose from framework"),
     (["repeats=0"], "repeats=0: give a positive whole number"),
     (["norms=[layernorm,batchnorm]"], "norms=['layernorm', 'batchnorm']: "),
-    (["model=7m"], "unknown model '7m': choose one of 160m, 1b, 410m, 70m, tiny (conf/model/)"),
+    (["model=7m"], "unknown model '7m': choose one of 160m, 1b, 410m, 70m, 9m, tiny (conf/model/)"),
     (["--rows", "256"], "unrecognized arguments: --rows"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):

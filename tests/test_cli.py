@@ -27,8 +27,8 @@ def test_help_and_completion_offer_every_option_that_composes_and_nothing_else()
     listing = helped.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     groups = dict(re.findall(r"^(\w+): (.+)$", listing, re.M))
     assert groups["data"] == "embedded, files, hub, openwebtext, wikipedia"  # not the shared data_module
-    assert groups["experiment"] == ("demo, norm_arms, norm_arms_tuning, paper_160m, paper_1b, paper_410m, "
-                                    "paper_70m")  # no paper_experiment
+    assert groups["experiment"] == ("cpu_study, cpu_study_tuning, demo, norm_arms, norm_arms_tuning, paper_160m, "
+                                    "paper_1b, paper_410m, paper_70m")  # no paper_experiment
     for group, options in groups.items():
         options = options.split(", ")
         assert completion("normlab-train", f"{group}=") == [f"{group}={option}" for option in options]

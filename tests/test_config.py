@@ -175,7 +175,7 @@ def one_line_error(result, *fragments):
 
 def test_describe_rejects_an_unknown_preset_in_one_line():
     result = run_cli("normlab-describe", "model=7m")
-    one_line_error(result, "unknown model '7m'", "choose one of 160m, 1b, 410m, 70m, tiny")
+    one_line_error(result, "unknown model '7m'", "choose one of 160m, 1b, 410m, 70m, 9m, tiny")
 
 
 @pytest.mark.parametrize("data", ["embedded", "openwebtext", "wikipedia", "hub", "files"])

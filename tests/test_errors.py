@@ -79,7 +79,7 @@ def damaged_full_checkpoints(run: Path, finished: Path) -> None:
 
 # id: (arguments, what to do first to the data copy or the run directory, extra environment, expected fragments)
 CASES = {
-    "unknown model": (["model=7m"], None, {}, ["unknown model '7m': choose one of 160m, 1b, 410m, 70m, tiny"]),
+    "unknown model": (["model=7m"], None, {}, ["unknown model '7m': choose one of 160m, 1b, 410m, 70m, 9m, tiny"]),
     "unknown norm in a sweep": (
         ["-m", "norm=layernorm,batchnorm"],
         None,

@@ -238,3 +238,16 @@ def test_norms_at_their_own_tuned_learning_rates_are_compared_only_when_declared
     with pytest.raises(AnalysisError, match=r"^norm dyt has runs at optimizer.lr = 0.001 and 0.003 in one group: "
                                             r"tuned=\['optimizer.lr'\] compares each norm at one setting"):
         group_runs(find_runs([sweep])[0], Declared(tuned=("optimizer.lr",)))
+
+
+def test_what_a_scheduled_checkpoint_holds_sets_no_run_apart(tmp_path):
+    """The branch study's LayerNorm sources keep their optimizer state (checkpoints.scheduled=full) beside RMSNorm runs
+    that keep the weights: one group, paired by seed, as if every run held the same."""
+    sweep = tmp_path / "exp"
+    for seed in range(2):
+        full = {"checkpoints.scheduled": "full"}
+        make_run(sweep, f"tiny-layernorm-seed{seed}", "layernorm", seed, 3.0, settings=full)
+        make_run(sweep, f"tiny-rmsnorm-seed{seed}", "rmsnorm", seed, 3.1 + seed / 10)
+    (group,) = group_runs(find_runs([sweep])[0])
+    (comparison,) = group.comparisons
+    assert comparison.differences == pytest.approx([0.1, 0.2])
