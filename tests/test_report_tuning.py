@@ -107,3 +107,22 @@ def test_a_tuning_key_that_is_no_number_or_empty_is_refused_in_one_line(tmp_path
     with pytest.raises(AnalysisError, match="tuning=: give the dotted config key"):
         report(f"runs={tmp_path / 'tuning'}", f"out={tmp_path / 'out'}", "tuning=''")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_centring_at_each_value_pairs_the_2x2s_norms_by_bias(tmp_path):
+    """The 2x2 at two rates, planted: with a bias the uncentred norm is 0.02 worse at 2e-3 and 0.04 at 4e-3; without,
+    0.00 and 0.02; averaged, 0.01 and 0.03. The report's table holds them; a group without a 2x2 pair has none."""
+    losses = {"layernorm": (3.10, 3.00), "rmsnorm_bias": (3.12, 3.04), "layernorm_nobias": (3.11, 3.01),
+              "rmsnorm": (3.11, 3.03)}
+    sweep(tmp_path / "tuning", losses, grid=(2e-3, 4e-3))
+    (tuning,) = tune(find_runs([tmp_path / "tuning"])[0], "optimizer.lr")
+    found = {(c.value, c.bias): c.difference for c in tuning.centring()}
+    assert found == pytest.approx({(2e-3, "with"): 0.02, (2e-3, "without"): 0.0, (2e-3, "averaged"): 0.01,
+                                   (4e-3, "with"): 0.04, (4e-3, "without"): 0.02, (4e-3, "averaged"): 0.03})
+    report(f"runs={tmp_path / 'tuning'}", f"out={tmp_path / 'out'}", "tuning=optimizer.lr")
+    assert "| tiny | 0.004 | averaged | +0.0300 |" in (tmp_path / "out" / "summary.md").read_text()
+    assert len(rows_of(tmp_path / "out" / "tuning_centring.csv")) == 6
+
+    sweep(tmp_path / "paper", grid=(2e-3,), losses={"layernorm": (3.0,), "rmsnorm": (3.1,)})  # the bias differs too
+    (paper,) = tune(find_runs([tmp_path / "paper"])[0], "optimizer.lr")
+    assert paper.centring() == []

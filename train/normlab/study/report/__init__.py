@@ -44,7 +44,7 @@ from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.render import markdown, write_csv
 from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
-from normlab.study.report.tuning import choices_table, points_table, tune
+from normlab.study.report.tuning import centring_table, choices_table, points_table, tune
 from normlab.study.report.verdict import HOW_TO_READ, verdict
 
 COMMAND = "normlab-report"
@@ -118,10 +118,11 @@ def tuning_report(runs: list, out: Path, key: str, figures: bool, to_wandb: bool
     if not any(t.points for t in tunings):
         raise AnalysisError(f"no run under the runs given has a finished final loss at a numeric {key}: "
                             f"tuning= names the dotted config key swept (optimizer.lr)")
-    tables = [choices_table(tunings), points_table(tunings)]
+    tables = [choices_table(tunings), points_table(tunings), centring_table(tunings)]
     left_out = "".join(f"- `{run}`: {why}\n" for t in tunings for run, why in t.left_out)
     text = (f"# normlab report: the tuning of {key}\n\n## Each norm's best\n\n{markdown(tables[0])}\n"
-            f"## Every value\n\n{markdown(tables[1])}\n" + (f"Left out:\n{left_out}\n" if left_out else ""))
+            f"## Every value\n\n{markdown(tables[1])}\n" + (f"Left out:\n{left_out}\n" if left_out else "")
+            + (f"## The centring at each value\n\n{markdown(tables[2])}\n" if tables[2].rows else ""))
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
         drawn = [tuning_figure(t, next((r.bigram_loss for r in runs if r.bigram_loss is not None), None))
                  for t in tunings] if figures else []

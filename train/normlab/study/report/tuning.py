@@ -28,6 +28,7 @@ class Point:
     seed_sd: float | None  # the sd of the final loss over its seeds (None: one seed)
     above_best: float | None = None  # its loss minus its norm's best (0 at the best)
     best: bool = False
+    cell: tuple[bool, bool] | None = None  # (centres, bias) for a norm of the centring x bias 2x2 (its traits)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,16 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class CentringAt:
+    """The centring's effect at one value of the setting: uncentred − centred final loss with a bias, without, or the
+    two averaged (the 2x2's main effect), each norm at that value (the mean over its seeds)."""
+    group: str
+    value: float
+    bias: str  # "with", "without" or "averaged"
+    difference: float
+
+
+@dataclass(frozen=True)
 class Tuning:
     """The points and choices of one group of runs that differ only in the norm, the seed and the setting swept."""
     title: str
@@ -66,6 +77,19 @@ class Tuning:
     points: tuple[Point, ...]
     choices: tuple[Choice, ...]
     left_out: tuple[tuple[str, str], ...]  # (run, why)
+
+    def centring(self) -> list[CentringAt]:
+        """At each value where both norms of a bias setting of the 2x2 have a finite loss, uncentred − centred;
+        averaged over bias where both settings have it."""
+        found = []
+        for value in sorted({p.value for p in self.points}):
+            cells = {p.cell: p.final_val_loss for p in self.points if p.value == value and p.cell}
+            effects = {bias: cells[(False, bias)] - cells[(True, bias)] for bias in (True, False)
+                       if math.isfinite(cells.get((False, bias), math.inf) + cells.get((True, bias), math.inf))}
+            found += [CentringAt(self.title, value, "with" if bias else "without", d) for bias, d in effects.items()]
+            if len(effects) == 2:
+                found.append(CentringAt(self.title, value, "averaged", sum(effects.values()) / 2))
+        return found
 
 
 def value_of(config: dict, key: str) -> float | None:
@@ -102,8 +126,9 @@ def tuning_of(title: str, runs: list, key: str) -> Tuning:
         mine = [point(title, norm, value, found) for value, found in sorted(by_value.items())]
         best = min(mine, key=lambda p: p.final_val_loss)
         finite = math.isfinite(best.final_val_loss)  # else every value diverged: no best
+        cell = (arm.traits.centres, arm.traits.bias) if arm.traits.centring_pair else None
         mine = [Point(**{**vars(p), "above_best": p.final_val_loss - best.final_val_loss if finite else None,
-                         "best": p is best and finite}) for p in mine]
+                         "best": p is best and finite, "cell": cell}) for p in mine]
         points += mine
         choices.append(choice(title, norm, mine, by_value))
     return Tuning(title, key, tuple(points), tuple(choices), tuple(left_out))
@@ -158,3 +183,14 @@ def choices_table(tunings: list[Tuning]) -> Table:
     rows = tuple({**vars(c), "grid": " ".join(f"{v:g}" for v in c.grid), "advice": c.advice}
                  for t in tunings for c in t.choices)
     return Table("tuning_choices", columns, rows, caption)
+
+
+def centring_table(tunings: list[Tuning]) -> Table:
+    key = tunings[0].key if tunings else "setting"
+    columns = (Column(("group",), "group", right=False), Column(("value",), key, "g"),
+               Column(("bias",), "bias", right=False), Column(("difference",), "uncentred − centred", "+.4f"))
+    caption = (f"The centring's effect at each {key} of the grid: the uncentred norm's final loss minus the centred "
+               "one's with the same bias (nats/token), and the two averaged. Descriptive: one seed a value, no "
+               "interval; how it changes along the grid hints at a dependence on the rate that the study's seeds "
+               "at each arm's own rate and at one shared rate estimate.")
+    return Table("tuning_centring", columns, tuple(c for t in tunings for c in t.centring()), caption)
