@@ -95,8 +95,8 @@ def test_the_report_writes_the_choices_and_every_value_in_markdown_csv_and_a_fig
     points = rows_of(tmp_path / "out" / "tuning.csv")
     planted = {v for values in LOSSES.values() for v in values}
     assert len(points) == 8 and {float(p["final_val_loss"]) for p in points} == planted
-    assert (tmp_path / "out" / "tuning_0.png").stat().st_size > 10_000
-    assert "![tuning_0.png](tuning_0.png)" in summary
+    assert (tmp_path / "out" / "tuning_tiny.png").stat().st_size > 10_000
+    assert "![tuning_tiny.png](tuning_tiny.png)" in summary
 
 
 def test_a_tuning_key_that_is_no_number_or_empty_is_refused_in_one_line(tmp_path):

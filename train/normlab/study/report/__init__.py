@@ -38,7 +38,7 @@ from normlab.probe.table import AnalysisError
 from normlab.study.report.contrasts import family, intervals_of
 from normlab.study.report.dashboard import log_report, project_of
 from normlab.study.report.figures import STYLE, draw_group, draw_pretrained, tuning_figure
-from normlab.study.report.groups import LEARNING_CHECKS, Declared, group_runs
+from normlab.study.report.groups import LEARNING_CHECKS, Declared, group_runs, slug
 from normlab.study.report.numbers import write_numbers
 from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.render import markdown, write_csv
@@ -126,7 +126,7 @@ def tuning_report(runs: list, out: Path, key: str, figures: bool, to_wandb: bool
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
         drawn = [tuning_figure(t, next((r.bigram_loss for r in runs if r.bigram_loss is not None), None))
                  for t in tunings] if figures else []
-        names = [save(fig, staging, f"tuning_{i}") for i, fig in enumerate(drawn)]
+        names = [save(fig, staging, f"tuning_{slug(t.title)}") for t, fig in zip(tunings, drawn)]
         (staging / "summary.md").write_text(text + images([n for n in names if n]))
         written = [write_csv(t, staging) for t in tables]
         mode = log_report(staging, tables, project_of([r.config for r in runs]),

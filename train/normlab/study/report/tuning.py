@@ -104,8 +104,8 @@ def tune(runs: list, key: str) -> list[Tuning]:
         settings = {k: v for k, v in comparison_settings(run.config).items() if k != key}
         groups[settings_key(settings)].append(run)
     titled = sorted(groups.values(), key=lambda members: (members[0].model, members[0].name))
-    return [tuning_of(f"{members[0].model} ({len(members)} runs)" if len(titled) > 1 else members[0].model,
-                      members, key) for members in titled]
+    return [tuning_of(f"{members[0].model} (group {i + 1} of {len(titled)})" if len(titled) > 1 else members[0].model,
+                      members, key) for i, members in enumerate(titled)]
 
 
 def tuning_of(title: str, runs: list, key: str) -> Tuning:
