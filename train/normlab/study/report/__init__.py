@@ -124,16 +124,14 @@ def tuning_report(runs: list, out: Path, key: str, figures: bool, to_wandb: bool
             f"## Every value\n\n{markdown(tables[1])}\n" + (f"Left out:\n{left_out}\n" if left_out else "")
             + (f"## The centring at each value\n\n{markdown(tables[2])}\n" if tables[2].rows else ""))
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
-        drawn = [tuning_figure(t, next((r.bigram_loss for r in runs if r.bigram_loss is not None), None))
-                 for t in tunings] if figures else []
-        names = [save(fig, staging, f"tuning_{slug(t.title)}") for t, fig in zip(tunings, drawn)]
-        (staging / "summary.md").write_text(text + images([n for n in names if n]))
+        drawn = [(t, tuning_figure(t)) for t in tunings] if figures else []
+        names = [n for n in (save(fig, staging, f"tuning_{slug(t.title)}") for t, fig in drawn) if n]
+        (staging / "summary.md").write_text(text + images(names))
         written = [write_csv(t, staging) for t in tables]
         mode = log_report(staging, tables, project_of([r.config for r in runs]),
                           f"report-{out.resolve().name}") if to_wandb else None
     logged = f"; logged to wandb ({mode}: {out / 'wandb'})" if mode else ""
-    print(markdown(tables[0]) + f"\nwrote summary.md, {len([n for n in names if n])} figures and {', '.join(written)} "
-          f"to {out}{logged}")
+    print(markdown(tables[0]) + f"\nwrote summary.md, {len(names)} figures and {', '.join(written)} to {out}{logged}")
 
 
 def as_paths(value) -> list[Path]:

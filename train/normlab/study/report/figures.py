@@ -432,7 +432,7 @@ def ablation_figure(title: str, series: list[Series]) -> Figure | None:
     return fig
 
 
-def tuning_figure(tuning: Tuning, bigram_loss: float | None) -> Figure | None:
+def tuning_figure(tuning: Tuning) -> Figure | None:
     """Each norm's final loss against the setting swept (log axis), its best ringed, a diverged value marked with an x
     at the top edge (no loss to draw); the bigram bar where known."""
     if not tuning.points:
@@ -449,8 +449,8 @@ def tuning_figure(tuning: Tuning, bigram_loss: float | None) -> Figure | None:
         diverged = [p.value for p in mine if p not in finite]
         ax.plot(diverged, [0.97] * len(diverged), "x", color=style.color, ms=7, label="_diverged",
                 transform=ax.get_xaxis_transform())
-    if bigram_loss is not None:
-        ax.axhline(bigram_loss, color="dimgray", ls=":", lw=0.9, label=BIGRAM_LABEL)
+    if tuning.bigram_loss is not None:
+        ax.axhline(tuning.bigram_loss, color="dimgray", ls=":", lw=0.9, label=BIGRAM_LABEL)
     ax.set(xscale="log", xlabel=tuning.key, ylabel="final validation loss (nats/token)")
     ax.grid(alpha=0.3)
     finish(fig, [ax], f"{tuning.title}: each norm's final loss by {tuning.key} (ringed: its best; x: diverged)",

@@ -77,6 +77,7 @@ class Tuning:
     points: tuple[Point, ...]
     choices: tuple[Choice, ...]
     left_out: tuple[tuple[str, str], ...]  # (run, why)
+    bigram_loss: float | None  # the held-out cross-entropy of a count bigram model of the group's data, if known
 
     def centring(self) -> list[CentringAt]:
         """At each value where both norms of a bias setting of the 2x2 have a finite loss, uncentred − centred;
@@ -121,6 +122,7 @@ def tuning_of(title: str, runs: list, key: str) -> Tuning:
             by_arm[run.norm][value].append(run)
     points, choices = [], []
     arms = arms_of(runs)
+    bigram_loss = next((r.bigram_loss for r in runs if r.bigram_loss is not None), None)  # the group's data's
     for arm in sorted(by_arm, key=lambda a: a.order):
         norm, by_value = arm_label(arms, arm), by_arm[arm]
         mine = [point(title, norm, value, found) for value, found in sorted(by_value.items())]
@@ -130,8 +132,8 @@ def tuning_of(title: str, runs: list, key: str) -> Tuning:
         mine = [Point(**{**vars(p), "above_best": p.final_val_loss - best.final_val_loss if finite else None,
                          "best": p is best and finite, "cell": cell}) for p in mine]
         points += mine
-        choices.append(choice(title, norm, mine, by_value))
-    return Tuning(title, key, tuple(points), tuple(choices), tuple(left_out))
+        choices.append(choice(title, norm, mine, bigram_loss))
+    return Tuning(title, key, tuple(points), tuple(choices), tuple(left_out), bigram_loss)
 
 
 def point(title: str, norm: str, value: float, runs: list) -> Point:
@@ -142,7 +144,7 @@ def point(title: str, norm: str, value: float, runs: list) -> Point:
                  statistics.stdev(finite) if len(finite) > 1 and len(finite) == len(losses) else None)
 
 
-def choice(title: str, norm: str, points: list[Point], by_value: dict) -> Choice:
+def choice(title: str, norm: str, points: list[Point], bigram_loss: float | None) -> Choice:
     grid = tuple(p.value for p in points)
     at = next((i for i, p in enumerate(points) if p.best), None)
     if at is None:
@@ -150,9 +152,9 @@ def choice(title: str, norm: str, points: list[Point], by_value: dict) -> Choice
     where = LOWEST if at == 0 else HIGHEST if at == len(points) - 1 else INSIDE
     neighbours = [points[i].above_best for i in (at - 1, at + 1) if 0 <= i < len(points)]
     best = points[at]
-    bars = [r.bigram_loss for r in by_value[best.value] if r.bigram_loss is not None]
+    margin = bigram_loss - best.final_val_loss if bigram_loss is not None else None  # the best is finite here
     return Choice(title, norm, best.value, best.final_val_loss, grid, where, min(neighbours) if neighbours else None,
-                  bars[0] - best.final_val_loss if bars and math.isfinite(best.final_val_loss) else None)
+                  margin)
 
 
 def points_table(tunings: list[Tuning]) -> Table:
