@@ -31,7 +31,7 @@ demo: data/embedded/meta.json
 
 test: $(VENV)/.installed
 	bash slurm/local_cluster.sh || echo "warning: no one-node Slurm cluster (needs root and apt-get): tests/test_slurm.py cannot run"
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/pytest -n 3 --dist loadfile --no-loadscope-reorder
 
 # On a GPU node (about 8 minutes on one GPU): the measurements only a GPU can give, under docs/results/<gpu>/
 gpu-check: $(VENV)/.installed

@@ -75,12 +75,13 @@ def earlier_target(target):
     return target
 
 
-# `make test` runs the suite on 2 pytest-xdist workers, a file per worker at a time (--dist loadfile: a file's
-# module fixtures are built once, and the Slurm tests share the one-node cluster in turn), the files in the order
-# of this list (--no-loadscope-reorder: else xdist orders them by their number of tests, which put the Slurm file,
-# the longest with 8 tests, among the last). The files that take a minute or more go first, longest first, so that
-# no long file starts last while the other worker has nothing left to do; the two longest first of all, one per
-# worker (a worker is given its next file while its current file's last two tests run). The others follow.
+# `make test` runs the suite on 3 pytest-xdist workers (on 2 cores: a worker waiting for Slurm or a signal leaves
+# its core to the others), a file per worker at a time (--dist loadfile: a file's module fixtures are built once,
+# and the Slurm tests share the one-node cluster in turn), the files in the order of this list
+# (--no-loadscope-reorder: else xdist orders them by their number of tests, which put the Slurm file, the longest
+# with 8 tests, among the last). The files that take a minute or more go first, longest first, so that no long file
+# starts last while the other workers have nothing left to do; the longest first of all, one per worker (a worker
+# is given its next file while its current file's last two tests run). The others follow.
 LONGEST_FIRST = ["test_slurm.py", "test_faults.py", "test_distributed.py", "test_train.py", "test_errors.py",
                  "test_package.py", "test_analysis_errors.py", "test_convert.py", "test_plan.py", "test_evaluate.py",
                  "test_hub_sources.py", "test_install.py", "test_report.py", "test_export.py",

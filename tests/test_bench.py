@@ -11,7 +11,7 @@ from conftest import run_cli
 def test_every_section_writes_its_rows(prepared, tmp_path):
     out = tmp_path / "bench.md"
     result = run_cli("normlab-bench", "rows=256", "repeats=1", "steps=6", "scale=1", "model=tiny", "seq_len=64",
-                     "null_directions=16", f"out={out}")
+                     "null_directions=16", "precision_steps=4", "profile_steps=2", f"out={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     table = out.read_text()
     assert table in result.stdout
@@ -34,7 +34,7 @@ def test_every_section_writes_its_rows(prepared, tmp_path):
         assert re.match(r"\d+\.\d{3} x the step time with it on; [\d,]+ tokens/s$",
                         rows[f"gains: without {setting} {gains}"])
     assert not any("compiled" in k for k in rows if k.startswith("gains"))
-    precision = "(tiny (4 layers), layernorm, 4x64 tokens, cpu, 10 steps)"
+    precision = "(tiny (4 layers), layernorm, 4x64 tokens, cpu, 4 steps)"
     assert re.match(r"first \d+\.\d{4}, last \d+\.\d{4}$", rows[f"precision: float32 losses {precision}"])
     for label in ("bf16", "fp16"):
         found = re.match(r"absolute loss difference: largest (\d\.\d{4}), median \d\.\d{4}, last \d\.\d{4}; last loss",

@@ -143,11 +143,13 @@ def test_each_time_limit_requeues_the_job_which_resumes_where_it_stopped(prepare
     (its timer ticks every 30 s or so), and every time the run saves, requeues the job and the next start resumes
     from the step saved. 60 s, not 30: on a busy machine two tasks importing torch and Lightning can take 30 s, and
     a signal before the handler is installed kills the task (the job fails, nothing is requeued). One task of one
-    thread: the job trains for minutes only to meet its limit, and would take both cores from the other test worker
-    all that time; the USR1 test above requeues a job of two tasks."""
+    thread, paced to a step every 0.2 s or so (tests/pacing.py, a callback given as a user's is): the job trains for
+    minutes only to meet its limit, and would otherwise keep a core from the other test workers all that time; the
+    USR1 test above requeues a job of two tasks."""
     run, log = tmp_path / "run", tmp_path / "job.out"
-    job = sbatch(run, log, "trainer.max_steps=30000", "runtime.threads=1",
-                 options=["--time=2", "--signal=USR1@60", "--ntasks-per-node=1"])
+    job = sbatch(run, log, "trainer.max_steps=30000", "runtime.threads=1", "+callbacks.pace._target_=pacing.Pace",
+                 "+callbacks.pace.seconds=0.2", options=["--time=2", "--signal=USR1@60", "--ntasks-per-node=1"],
+                 env={"PYTHONPATH": str(Path(__file__).parent)})
     resume = rf"resuming {run} from checkpoints/last\.ckpt at step (\d+)"
 
     def resumed_twice() -> bool:
