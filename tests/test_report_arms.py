@@ -19,7 +19,8 @@ from test_report import make_run, report, user_norm_run, write_ablation, write_c
 
 def test_screening_and_pairing_are_pure_functions_of_the_runs(tmp_path):
     """screen() gives each run left out its reason (unfinished, a replicate, did not learn) as a copy, and pairs the
-    rest; group_runs changes nothing it is given, and the same runs give the same frozen groups twice."""
+    rest; group_runs changes nothing it is given (the runs as read are frozen), and the same runs give the same frozen
+    groups twice."""
     for seed in (0, 1):
         make_run(tmp_path / "a", f"tiny-layernorm-seed{seed}", "layernorm", seed, 3.0)
         make_run(tmp_path / "a", f"tiny-rmsnorm-seed{seed}", "rmsnorm", seed, 3.01)
@@ -38,6 +39,8 @@ def test_screening_and_pairing_are_pure_functions_of_the_runs(tmp_path):
         (g.settings, [r.left_out for r in g.runs], [c.label for c in g.comparisons]) for g in second]
     with pytest.raises(FrozenInstanceError):
         first[0].comparisons = ()
+    with pytest.raises(FrozenInstanceError):  # a run as read is data too: screening makes copies
+        runs[0].left_out = "changed"
     assert all(not r.left_out for r in runs)
 
 

@@ -4,6 +4,7 @@ points and bands against numbers computed by hand, the styles that tell norms an
 every title. No training: each test takes seconds."""
 
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -61,9 +62,8 @@ def group_of(root: Path, unigram_loss: float | None = None, bigram_loss: float |
     """The one group of the runs under `root`, with the unigram and bigram losses given (not those of the prepared
     data that the runs' config names, which this machine may or may not hold)."""
     (group,) = group_runs(find_runs([root])[0])
-    for run in group.runs:
-        run.unigram_loss, run.bigram_loss = unigram_loss, bigram_loss
-    return group
+    return replace(group, runs=tuple(replace(run, unigram_loss=unigram_loss, bigram_loss=bigram_loss)
+                                     for run in group.runs))
 
 
 def axis_titled(fig, start: str):

@@ -17,7 +17,7 @@ from normlab.probe.figure import AngleSeries
 from normlab.probe.profiles import last_step
 from normlab.probe.table import AnalysisError
 from normlab.study.report.intervals import Interval
-from normlab.study.report.runs import BIGRAM_MARGIN, CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, continuing_sources
+from normlab.study.report.runs import BIGRAM_MARGIN, CONTINUING, CONTROL, LEARNED_MARGIN, Arm, Run, with_sources
 from normlab.training.rundir.config import flat, is_off
 
 if TYPE_CHECKING:
@@ -408,7 +408,7 @@ def group_runs(runs: list[Run], declared: Declared = Declared()) -> list[Group]:
         by_settings.setdefault(settings_key(settings), (settings, []))[1].append(run)
     found = sorted(join_layers(list(by_settings.values())),
                    key=lambda f: (f[1][0].model, f[0].get("branch.step") or 0, f[1][0].name))  # branches by K
-    found = [(s, r + continuing_sources(r) if s.get("branch.step") is not None else r) for s, r in found]
+    found = [(s, with_sources(r) if s.get("branch.step") is not None else r) for s, r in found]
     described = [(s, r, distinct_settings(s, [o for o, other in found if other is not r
                                                 and other[0].model == r[0].model])) for s, r in found]
     groups = []

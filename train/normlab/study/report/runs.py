@@ -10,7 +10,7 @@ import math
 import os
 import shlex
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -239,8 +239,10 @@ def repair_command(run_dir: Path) -> str:
     return shlex.join(["normlab-train", *kept, f"run_dir={run_dir.absolute()}"])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
+    """A run directory as read (load_run): its config and tables, once; the report's screening and notes are copies
+    (dataclasses.replace), never changes of it."""
     dir: Path
     name: str  # the run directory, relative to the folder the report's runs share
     config: dict
@@ -254,7 +256,7 @@ class Run:
     nonfinite: dict[str, list[int]] = field(default_factory=dict)  # metrics.csv: column -> steps not finite
     unigram_loss: float | None = None  # its data's held-out unigram cross-entropy (data/unigram.py): the learning check
     bigram_loss: float | None = None  # and its count bigram model's (data/bigram.py): the bar beyond a lookup table
-    role: str = ""  # CONTINUING: a branch's source, read into the branch's group (continuing_sources)
+    role: str = ""  # CONTINUING: a branch's source, read into the branch's group (with_sources)
 
     @property
     def model(self) -> str:
@@ -363,32 +365,31 @@ def bigram_loss(data_dir: str) -> float | None:
 
 
 def load_run(run_dir: Path, name: str, role: str = "") -> Run:
-    run = Run(run_dir, name, read_config(run_dir / "config.yaml"), saved_step=saved_step(run_dir), role=role)
-    if data_dir := (run.config.get("data") or {}).get("dir"):
-        run.unigram_loss, run.bigram_loss = unigram_loss(str(data_dir)), bigram_loss(str(data_dir))
+    config = read_config(run_dir / "config.yaml")
+    data_dir = str((config.get("data") or {}).get("dir") or "")
     try:
-        rows, run.nonfinite = screened(run_dir / "metrics.csv", read_rows(run_dir / "metrics.csv", metric_value),
-                                       "metrics")
+        rows, nonfinite = screened(run_dir / "metrics.csv", read_rows(run_dir / "metrics.csv", metric_value), "metrics")
     except DamagedTable as e:
         raise AnalysisError(f"{e}: rerun the same normlab-train command, which repairs it: "
                             f"{repair_command(run_dir)}") from None
+    metrics: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
         for key, value in row.items():
             if key not in ("step", "epoch") and value is not None:
-                run.metrics.setdefault(key, []).append((row["step"], value))
-    for values in run.metrics.values():
+                metrics.setdefault(key, []).append((row["step"], value))
+    for values in metrics.values():
         values.sort(key=lambda item: item[0])
-    if (run_dir / "angles.csv").is_file():
-        run.angles = read_angles(
-            run_dir / "angles.csv",
-            f"rerun the same normlab-train command, which repairs it, or regenerate it with normlab-angles "
-            f"model_path={run_dir} out={run_dir / 'angles.csv'}",
-        )
-    if (run_dir / "ablation.csv").is_file():
-        run.ablation = read_ablation(run_dir / "ablation.csv")
-    if (run_dir / "eval" / "results.csv").is_file():
-        run.evaluation = read_evaluation(run_dir / "eval" / "results.csv")
-    return run
+    angles = read_angles(
+        run_dir / "angles.csv",
+        f"rerun the same normlab-train command, which repairs it, or regenerate it with normlab-angles "
+        f"model_path={run_dir} out={run_dir / 'angles.csv'}",
+    ) if (run_dir / "angles.csv").is_file() else []
+    ablation = read_ablation(run_dir / "ablation.csv") if (run_dir / "ablation.csv").is_file() else []
+    evaluation = (read_evaluation(run_dir / "eval" / "results.csv") if (run_dir / "eval" / "results.csv").is_file()
+                  else [])
+    return Run(run_dir, name, config, metrics, angles, ablation, evaluation, saved_step=saved_step(run_dir),
+               nonfinite=nonfinite, unigram_loss=unigram_loss(data_dir) if data_dir else None,
+               bigram_loss=bigram_loss(data_dir) if data_dir else None, role=role)
 
 
 def files_named(root: Path, name: str) -> list[Path]:
@@ -425,21 +426,23 @@ def find_runs(paths: list[Path]) -> tuple[list[Run], list[Path]]:
     return runs, sorted(replaced)
 
 
-def continuing_sources(branches: list[Run]) -> list[Run]:
-    """The source of each branch among `branches` as a run of its own (role CONTINUING), read anew for their group:
-    the source continuing past K with its own optimizer state, against which the branch of its own norm measures
-    what the restart costs. A branch whose source is not there (moved, or on another machine) says so."""
+def with_sources(branches: list[Run]) -> list[Run]:
+    """The branches, and the source of each as a run of its own (role CONTINUING), read anew for their group: the
+    source continuing past K with its own optimizer state, against which the branch of its own norm measures what the
+    restart costs. A branch whose source is not there (moved, or on another machine) comes back noted."""
     found: dict[str, Run] = {}
+    noted = []
     for run in branches:
         source = run.branch_source
-        if source is None or str(source.resolve()) in found:
-            continue
-        if (source / "metrics.csv").is_file() and (source / "config.yaml").is_file():
-            found[str(source.resolve())] = load_run(source, f"{source.name} (source)", CONTINUING)
-        else:
-            run.note = (f"its source {source} is not there (no metrics.csv{'' if source.is_absolute() else ' at '}"
-                        f"{'' if source.is_absolute() else source.resolve()}): not compared with its source continuing")
-    return list(found.values())
+        if source is not None and str(source.resolve()) not in found:
+            if (source / "metrics.csv").is_file() and (source / "config.yaml").is_file():
+                found[str(source.resolve())] = load_run(source, f"{source.name} (source)", CONTINUING)
+        if source is not None and str(source.resolve()) not in found:
+            where = "" if source.is_absolute() else f" at {source.resolve()}"
+            run = replace(run, note=f"its source {source} is not there (no metrics.csv{where}): not compared with its "
+                                    "source continuing")
+        noted.append(run)
+    return noted + list(found.values())
 
 
 def untrained_runs(paths: list[Path]) -> list[tuple[Path, str]]:
