@@ -1,7 +1,7 @@
 """Pretrained models: the angles CSVs of normlab-angles (rows at step 0) and the ablation CSVs of normlab-ablate of
 models the report did not train, one model per run and norm of their identity columns."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from normlab.probe.table import AnalysisError
@@ -9,7 +9,7 @@ from normlab.study.report.groups import Series, slug
 from normlab.study.report.runs import read_ablation, read_angles
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pretrained:
     """A pretrained model of an angles CSV of normlab-angles (rows at step 0), with its ablation rows if given."""
     name: str
@@ -51,7 +51,6 @@ def load_pretrained(paths: list[Path]) -> list[Pretrained]:
         for row in read_angles(path, f"regenerate it with normlab-angles model_path=<the model> out={path}"):
             name, norm = row.get("run") or row.get("model") or path.stem, row.get("norm") or ""
             models.setdefault((name, norm), Pretrained(name, norm, path, [])).angles.append(row)
-    for model in models.values():
-        model.ablation = [r for r in ablations if model.name in (r.get("run"), r.get("model"))]
-    return sorted(models.values(), key=lambda m: m.name)
+    return sorted((replace(model, ablation=[r for r in ablations if model.name in (r.get("run"), r.get("model"))])
+                   for model in models.values()), key=lambda m: m.name)
 
