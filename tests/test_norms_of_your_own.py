@@ -49,8 +49,10 @@ def user(prepared, tmp_path_factory) -> Path:
         args = [os.path.expandvars(w.replace("$PWD", str(folder)).replace("$CONF", env["CONF"])) for w in words[1:]]
         if words[0] == "normlab-train":  # a few steps, under the page's run names (no tag for FAST_TRAIN's settings)
             args += [*FAST_TRAIN, "logger=csv", "run_name=${model.name}-${norm.name}-seed${seed}"]
-        if words[0] == "normlab-report":  # runs of a few steps learned nothing yet: compared all the same
-            args += ["learning_check=false"]
+        if words[0] == "normlab-report":  # runs of a few steps learned nothing yet: compared all the same; the
+            args += ["learning_check=false", "figures=false"]  # figures, not read here, are test_report's
+        if words[0] == "normlab-ablate":  # the null at 4 random directions: it runs, as with the page's 20
+            args += ["null_directions=4"]
         if words[0] == "normlab-bench":  # the page's timing at a size that takes seconds, not tens of them
             args += ["rows=256"]
         result = run_cli(words[0], *args, env=env, cwd=folder)
