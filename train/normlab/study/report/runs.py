@@ -434,10 +434,10 @@ def with_sources(branches: list[Run]) -> list[Run]:
     noted = []
     for run in branches:
         source = run.branch_source
-        if source is not None and str(source.resolve()) not in found:
-            if (source / "metrics.csv").is_file() and (source / "config.yaml").is_file():
-                found[str(source.resolve())] = load_run(source, f"{source.name} (source)", CONTINUING)
-        if source is not None and str(source.resolve()) not in found:
+        key = str(source.resolve()) if source is not None else None
+        if key and key not in found and (source / "metrics.csv").is_file() and (source / "config.yaml").is_file():
+            found[key] = load_run(source, f"{source.name} (source)", CONTINUING)
+        if key and key not in found:
             where = "" if source.is_absolute() else f" at {source.resolve()}"
             run = replace(run, note=f"its source {source} is not there (no metrics.csv{where}): not compared with its "
                                     "source continuing")
