@@ -126,3 +126,39 @@ def test_the_centring_at_each_value_pairs_the_2x2s_norms_by_bias(tmp_path):
     sweep(tmp_path / "paper", grid=(2e-3,), losses={"layernorm": (3.0,), "rmsnorm": (3.1,)})  # the bias differs too
     (paper,) = tune(find_runs([tmp_path / "paper"])[0], "optimizer.lr")
     assert paper.centring() == []
+
+
+def test_the_centring_and_its_change_between_rates_are_paired_by_seed(tmp_path):
+    """A study at two rates, planted: the bias arms at 4e-3 only (seeds 0-3), the arms without a bias at 2e-3 (seeds
+    0-3) and 4e-3 (seeds 0-2). Without a bias the centring costs the uncentred norm 0.02 + 0.001 s at 2e-3 (seed s)
+    and 0.05 + 0.002 s at 4e-3, so its change is 0.03 + 0.001 s over the seeds known at both (0-2): mean 0.031, sd
+    0.001, a t interval of 0.031 ± 4.303 x 0.001 / sqrt 3. Each seed's own offset (0.3 s, in every arm) cancels."""
+    root = tmp_path / "study"
+    cells = {("layernorm", 4e-3): (3.00, 0.0), ("rmsnorm_bias", 4e-3): (3.01, 0.0),
+             ("layernorm_nobias", 2e-3): (3.10, 0.0), ("rmsnorm", 2e-3): (3.12, 0.001),
+             ("layernorm_nobias", 4e-3): (3.05, 0.0), ("rmsnorm", 4e-3): (3.10, 0.002)}
+    for (norm, lr), (loss, per_seed) in cells.items():
+        for seed in range(3 if lr == 4e-3 and "bias" not in norm and norm != "layernorm" else 4):
+            make_run(root, f"tiny-{norm}-lr{lr:g}-seed{seed}", norm, seed, loss + per_seed * seed + 0.3 * seed,
+                     settings={"optimizer.lr": lr})
+    (tuning,) = tune(find_runs([root])[0], "optimizer.lr")
+    at = {(c.value, c.bias): c for c in tuning.centring()}
+    assert set(at) == {(2e-3, "without"), (4e-3, "with"), (4e-3, "without"), (4e-3, "averaged")}
+    without = at[(2e-3, "without")]
+    assert without.seeds == (0, 1, 2, 3) and without.by_seed == pytest.approx([0.020, 0.021, 0.022, 0.023])
+    assert at[(4e-3, "with")].difference == pytest.approx(0.01) and at[(4e-3, "with")].seeds == (0, 1, 2, 3)
+    assert at[(4e-3, "averaged")].seeds == (0, 1, 2)  # the seeds all four arms have there
+    assert at[(4e-3, "averaged")].difference == pytest.approx((0.01 + 0.052) / 2)
+    (change,) = tuning.centring_changes()
+    assert (change.bias, change.lower, change.higher, change.seeds) == ("without", 2e-3, 4e-3, (0, 1, 2))
+    half = 4.302653 * 0.001 / math.sqrt(3)
+    assert (change.change, change.low, change.high) == pytest.approx((0.031, 0.031 - half, 0.031 + half), abs=1e-6)
+
+    report(f"runs={root}", f"out={tmp_path / 'out'}", "tuning=optimizer.lr")
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## The centring from one value to the next" in summary
+    assert f"| tiny | without | 0.002 | 0.004 | +0.0310 | [{0.031 - half:+.4f}, {0.031 + half:+.4f}] | 3 |" in summary
+    (row,) = rows_of(tmp_path / "out" / "tuning_centring_change.csv")
+    assert float(row["change"]) == pytest.approx(0.031) and row["seeds"] == "0 1 2"
+    centring = {(float(r["value"]), r["bias"]): r for r in rows_of(tmp_path / "out" / "tuning_centring.csv")}
+    assert centring[(2e-3, "without")]["n"] == "4" and float(centring[(2e-3, "without")]["low"]) > 0

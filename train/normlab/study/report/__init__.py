@@ -44,7 +44,7 @@ from normlab.study.report.pretrained import load_pretrained
 from normlab.study.report.render import markdown, write_csv
 from normlab.study.report.runs import find_runs, untrained_runs
 from normlab.study.report.tables import group_section, images, pretrained_section
-from normlab.study.report.tuning import centring_table, choices_table, points_table, tune
+from normlab.study.report.tuning import centring_change_table, centring_table, choices_table, points_table, tune
 from normlab.study.report.verdict import HOW_TO_READ, verdict
 
 COMMAND = "normlab-report"
@@ -118,11 +118,12 @@ def tuning_report(runs: list, out: Path, key: str, figures: bool, to_wandb: bool
     if not any(t.points for t in tunings):
         raise AnalysisError(f"no run under the runs given has a finished final loss at a numeric {key}: "
                             f"tuning= names the dotted config key swept (optimizer.lr)")
-    tables = [choices_table(tunings), points_table(tunings), centring_table(tunings)]
+    tables = [choices_table(tunings), points_table(tunings), centring_table(tunings), centring_change_table(tunings)]
     left_out = "".join(f"- `{run}`: {why}\n" for t in tunings for run, why in t.left_out)
     text = (f"# normlab report: the tuning of {key}\n\n## Each norm's best\n\n{markdown(tables[0])}\n"
             f"## Every value\n\n{markdown(tables[1])}\n" + (f"Left out:\n{left_out}\n" if left_out else "")
-            + (f"## The centring at each value\n\n{markdown(tables[2])}\n" if tables[2].rows else ""))
+            + (f"## The centring at each value\n\n{markdown(tables[2])}\n" if tables[2].rows else "")
+            + (f"## The centring from one value to the next\n\n{markdown(tables[3])}\n" if tables[3].rows else ""))
     with outputs.staged_folder(out, COMMAND) as staging, plt.rc_context(STYLE):
         drawn = [(t, tuning_figure(t)) for t in tunings] if figures else []
         names = [n for n in (save(fig, staging, f"tuning_{slug(t.title)}") for t, fig in drawn) if n]

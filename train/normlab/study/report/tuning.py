@@ -2,7 +2,9 @@
 the setting swept; in each group, every norm's final validation loss at each value of the setting (the mean over its
 seeds there), its best value, and whether that best lies inside the grid or at one of its ends (then the grid is
 extended before the study: a best at an end is a bound, not a choice). A run that diverged (a final loss that is not
-finite) counts as worse than any other value; one unfinished is left out of its value."""
+finite) counts as worse than any other value; one unfinished is left out of its value. Where the centring x bias 2x2
+was swept, the centring's effect at each value and its change from one value to the next, paired by seed, with a t
+interval over the seeds where there are several (the study's seeds at several rates: its dependence on the rate)."""
 
 import math
 import statistics
@@ -10,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from normlab.study.report.groups import arm_label, arms_of, comparison_settings, settings_key
+from normlab.study.report.intervals import Interval
 from normlab.study.report.render import Column, Table
 from normlab.training.rundir.config import flat
 
@@ -29,6 +32,7 @@ class Point:
     above_best: float | None = None  # its loss minus its norm's best (0 at the best)
     best: bool = False
     cell: tuple[bool, bool] | None = None  # (centres, bias) for a norm of the centring x bias 2x2 (its traits)
+    losses: tuple[float, ...] = ()  # each run's final loss, in the order of `seeds` (inf: it diverged)
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,38 @@ class Choice:
 @dataclass(frozen=True)
 class CentringAt:
     """The centring's effect at one value of the setting: uncentred − centred final loss with a bias, without, or the
-    two averaged (the 2x2's main effect), each norm at that value (the mean over its seeds)."""
+    two averaged (the 2x2's main effect), paired by seed: the mean over the seeds that every norm it needs has at
+    that value, and its 95% t interval over them (None under 2 seeds)."""
     group: str
     value: float
     bias: str  # "with", "without" or "averaged"
     difference: float
+    seeds: tuple[int, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    by_seed: tuple[float, ...] = ()  # the differences, in the order of `seeds`
+
+
+@dataclass(frozen=True)
+class CentringChange:
+    """How the centring's effect (one bias setting) changes from one value of the setting to the next value where
+    it is known: per seed, its effect at `higher` minus at `lower`; the mean over the seeds known at both, and its 95%
+    t interval over them (None under 2 seeds)."""
+    group: str
+    bias: str
+    lower: float
+    higher: float
+    change: float
+    seeds: tuple[int, ...]
+    low: float | None
+    high: float | None
+
+
+def paired(title: str, value: float, bias: str, by_seed: dict[int, float]) -> CentringAt:
+    seeds = tuple(sorted(by_seed))
+    differences = [by_seed[seed] for seed in seeds]
+    interval = Interval.of(differences)
+    return CentringAt(title, value, bias, interval.mean, seeds, interval.low, interval.high, tuple(differences))
 
 
 @dataclass(frozen=True)
@@ -80,17 +111,39 @@ class Tuning:
     bigram_loss: float | None  # the held-out cross-entropy of a count bigram model of the group's data, if known
 
     def centring(self) -> list[CentringAt]:
-        """At each value where both norms of a bias setting of the 2x2 have a finite loss, uncentred − centred;
-        averaged over bias where both settings have it."""
+        """At each value where both norms of a bias setting of the 2x2 have a finite loss and a seed in common,
+        uncentred − centred, paired by seed; averaged over bias over the seeds all four norms have there."""
         found = []
         for value in sorted({p.value for p in self.points}):
-            cells = {p.cell: p.final_val_loss for p in self.points if p.value == value and p.cell}
-            effects = {bias: cells[(False, bias)] - cells[(True, bias)] for bias in (True, False)
-                       if math.isfinite(cells.get((False, bias), math.inf) + cells.get((True, bias), math.inf))}
-            found += [CentringAt(self.title, value, "with" if bias else "without", d) for bias, d in effects.items()]
-            if len(effects) == 2:
-                found.append(CentringAt(self.title, value, "averaged", sum(effects.values()) / 2))
+            cells = {p.cell: dict(zip(p.seeds, p.losses)) for p in self.points
+                     if p.value == value and p.cell and math.isfinite(p.final_val_loss)}
+            effects = {}
+            for bias in (True, False):
+                if (False, bias) in cells and (True, bias) in cells:
+                    uncentred, centred = cells[(False, bias)], cells[(True, bias)]
+                    effects[bias] = {s: uncentred[s] - centred[s] for s in uncentred.keys() & centred.keys()}
+            effects = {bias: by_seed for bias, by_seed in effects.items() if by_seed}
+            found += [paired(self.title, value, "with" if bias else "without", by_seed)
+                      for bias, by_seed in effects.items()]
+            if len(effects) == 2 and (both := effects[True].keys() & effects[False].keys()):
+                found.append(paired(self.title, value, "averaged",
+                                    {s: (effects[True][s] + effects[False][s]) / 2 for s in both}))
         return found
+
+    def centring_changes(self) -> list[CentringChange]:
+        """For each bias setting, from each value where the centring's effect is known to the next one, over the
+        seeds known at both."""
+        changes = []
+        for bias in ("with", "without", "averaged"):
+            along = [c for c in self.centring() if c.bias == bias]
+            for lower, higher in zip(along, along[1:]):
+                at_lower, at_higher = dict(zip(lower.seeds, lower.by_seed)), dict(zip(higher.seeds, higher.by_seed))
+                seeds = tuple(sorted(at_lower.keys() & at_higher.keys()))
+                if seeds:
+                    interval = Interval.of([at_higher[s] - at_lower[s] for s in seeds])
+                    changes.append(CentringChange(self.title, bias, lower.value, higher.value, interval.mean, seeds,
+                                                  interval.low, interval.high))
+        return changes
 
 
 def value_of(config: dict, key: str) -> float | None:
@@ -141,7 +194,8 @@ def point(title: str, norm: str, value: float, runs: list) -> Point:
     finite = [v for v in losses if math.isfinite(v)]
     return Point(title, norm, value, tuple(r.name for r in runs), tuple(r.seed for r in runs),
                  math.fsum(losses) / len(losses) if len(finite) == len(losses) else math.inf,
-                 statistics.stdev(finite) if len(finite) > 1 and len(finite) == len(losses) else None)
+                 statistics.stdev(finite) if len(finite) > 1 and len(finite) == len(losses) else None,
+                 losses=tuple(losses))
 
 
 def choice(title: str, norm: str, points: list[Point], bigram_loss: float | None) -> Choice:
@@ -190,9 +244,28 @@ def choices_table(tunings: list[Tuning]) -> Table:
 def centring_table(tunings: list[Tuning]) -> Table:
     key = tunings[0].key if tunings else "setting"
     columns = (Column(("group",), "group", right=False), Column(("value",), key, "g"),
-               Column(("bias",), "bias", right=False), Column(("difference",), "uncentred − centred", "+.4f"))
-    caption = (f"The centring's effect at each {key} of the grid: the uncentred norm's final loss minus the centred "
-               "one's with the same bias (nats/token), and the two averaged. Descriptive: one seed a value, no "
-               "interval; how it changes along the grid hints at a dependence on the rate that the study's seeds "
-               "at each arm's own rate and at one shared rate estimate.")
-    return Table("tuning_centring", columns, tuple(c for t in tunings for c in t.centring()), caption)
+               Column(("bias",), "bias", right=False), Column(("difference",), "uncentred − centred", "+.4f"),
+               Column(("low", "high"), "95% CI", "+.4f"), Column(("n",), "n"))
+    caption = (f"The centring's effect at each {key}: the uncentred norm's final loss minus the centred one's with the "
+               "same bias (nats/token), and the two averaged; paired by seed, the mean over the n seeds that the "
+               "norms share there, with a 95% t interval over them (each row alone: the rows are not a family, and "
+               "nothing here is corrected for their number). With one seed a value (a tuning's grid) no interval: "
+               "descriptive, a hint of a dependence on the rate that seeds at each rate estimate.")
+    rows = tuple({**vars(c), "n": len(c.seeds), "seeds": " ".join(map(str, c.seeds)),
+                  "by_seed": " ".join(f"{d:.6f}" for d in c.by_seed)} for t in tunings for c in t.centring())
+    return Table("tuning_centring", columns, rows, caption)
+
+
+def centring_change_table(tunings: list[Tuning]) -> Table:
+    key = tunings[0].key if tunings else "setting"
+    columns = (Column(("group",), "group", right=False), Column(("bias",), "bias", right=False),
+               Column(("lower",), "from", "g"), Column(("higher",), "to", "g"),
+               Column(("change",), "Δ centring", "+.4f"), Column(("low", "high"), "95% CI", "+.4f"),
+               Column(("n",), "n"))
+    caption = (f"How the centring's effect changes along {key}: per seed, its effect (the table above) at the higher "
+               "value minus at the lower one, the mean over the n seeds known at both, with a 95% t interval over "
+               "them (each row alone, uncorrected). An interval that excludes 0 says the centring's effect depends "
+               "on the rate between these two values; one that includes it says these seeds cannot tell.")
+    rows = tuple({**vars(c), "n": len(c.seeds), "seeds": " ".join(map(str, c.seeds))}
+                 for t in tunings for c in t.centring_changes())
+    return Table("tuning_centring_change", columns, rows, caption)
