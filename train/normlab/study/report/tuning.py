@@ -133,9 +133,9 @@ class Tuning:
     def centring_changes(self) -> list[CentringChange]:
         """For each bias setting, from each value where the centring's effect is known to the next one, over the
         seeds known at both."""
-        changes = []
+        changes, centring = [], self.centring()
         for bias in ("with", "without", "averaged"):
-            along = [c for c in self.centring() if c.bias == bias]
+            along = [c for c in centring if c.bias == bias]
             for lower, higher in zip(along, along[1:]):
                 at_lower, at_higher = dict(zip(lower.seeds, lower.by_seed)), dict(zip(higher.seeds, higher.by_seed))
                 seeds = tuple(sorted(at_lower.keys() & at_higher.keys()))
