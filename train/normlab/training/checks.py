@@ -388,3 +388,4 @@ def check_train_config(cfg: DictConfig) -> None:
     for name, node in objects.items():
         if node is not None and "_target_" in node:
             check_arguments(name, node)
+    check_norm(cfg.norm, model_settings(cfg.model).get("n_embd", 8))  # here, not after Lightning's import: at once
