@@ -378,9 +378,14 @@ def check_train_config(cfg: DictConfig) -> None:
             raise ConfigError(f"trainer.accelerator={cfg.trainer.accelerator} but this machine has no GPU that torch "
                               "can use: train on the CPU here (trainer=default, or trainer.accelerator=cpu)")
     model_settings(cfg.model)
-    objects = {"data": cfg.data, "trainer": cfg.trainer, "norm.layer": cfg.norm.layer}
+    norms = {"norm.layer": cfg.norm.layer}
     for kind, settings in norm_sites(cfg.norm).items():
-        objects[f"norm.sites.{kind}"] = OmegaConf.merge(OmegaConf.to_container(cfg.norm.layer, resolve=True), settings)
+        norms[f"norm.sites.{kind}"] = OmegaConf.merge(OmegaConf.to_container(cfg.norm.layer, resolve=True), settings)
+    for name, node in norms.items():
+        if "_target_" in node:
+            check_arguments(name, node)
+    check_norm(cfg.norm, model_settings(cfg.model).get("n_embd", 8))  # before the objects that import Lightning
+    objects = {"data": cfg.data, "trainer": cfg.trainer}
     if isinstance(cfg.trainer.strategy, DictConfig):
         objects["trainer.strategy"] = cfg.trainer.strategy
     objects.update({f"callbacks.{k}": v for k, v in (cfg.get("callbacks") or {}).items()})
@@ -388,4 +393,3 @@ def check_train_config(cfg: DictConfig) -> None:
     for name, node in objects.items():
         if node is not None and "_target_" in node:
             check_arguments(name, node)
-    check_norm(cfg.norm, model_settings(cfg.model).get("n_embd", 8))  # here, not after Lightning's import: at once
