@@ -377,14 +377,14 @@ def check_train_config(cfg: DictConfig) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(f"trainer.accelerator={cfg.trainer.accelerator} but this machine has no GPU that torch "
                               "can use: train on the CPU here (trainer=default, or trainer.accelerator=cpu)")
-    model_settings(cfg.model)
+    width = model_settings(cfg.model).get("n_embd", 8)
     norms = {"norm.layer": cfg.norm.layer}
     for kind, settings in norm_sites(cfg.norm).items():
         norms[f"norm.sites.{kind}"] = OmegaConf.merge(OmegaConf.to_container(cfg.norm.layer, resolve=True), settings)
     for name, node in norms.items():
         if "_target_" in node:
             check_arguments(name, node)
-    check_norm(cfg.norm, model_settings(cfg.model).get("n_embd", 8))  # before the objects that import Lightning
+    check_norm(cfg.norm, width)  # before the objects that import Lightning
     objects = {"data": cfg.data, "trainer": cfg.trainer}
     if isinstance(cfg.trainer.strategy, DictConfig):
         objects["trainer.strategy"] = cfg.trainer.strategy
