@@ -225,6 +225,24 @@ def test_a_users_norm_beside_rmsnorm_is_no_replicate_and_is_compared_with_the_re
     assert "| scalenorm-seed1 | scalenorm | 1 | 6,540,549 |" in summary and "point-wise" not in summary
 
 
+def test_the_default_reference_is_the_centred_norm_with_a_bias_whatever_its_name(tmp_path):
+    """No name is the reference: LayerNorm's class under a name of the user's is the 2x2's centred norm with a bias,
+    and the norm outside the 2x2 is compared with it; without such a norm, with nothing."""
+    for seed, (ln, rms, scale) in enumerate([(3.00, 3.02, 3.05), (3.10, 3.13, 3.12)]):
+        make_run(tmp_path / "sweep", f"ln-seed{seed}", "layernorm", seed, ln, norm_keys={"name": "my_layernorm"})
+        make_run(tmp_path / "sweep", f"rmsnorm-seed{seed}", "rmsnorm", seed, rms)
+        user_norm_run(tmp_path / "sweep", f"scalenorm-seed{seed}", seed, scale)
+
+    (group,) = group_runs(find_runs([tmp_path / "sweep"])[0])
+    (without,) = group_runs([r for r in find_runs([tmp_path / "sweep"])[0] if r.norm.name != "my_layernorm"])
+
+    assert [(c.label, c.differences) for c in group.comparisons] == [
+        ("rmsnorm − my_layernorm (the bias differs too)", pytest.approx([0.02, 0.03])),
+        ("scalenorm − my_layernorm (another norm in place of my_layernorm; the bias differs too)",
+         pytest.approx([0.05, 0.02]))]
+    assert without.comparisons == ()
+
+
 def test_declared_pairs_or_reference_are_what_is_compared_and_a_name_no_run_has_is_one_line(tmp_path):
     sweep = scalenorm_sweep(tmp_path / "sweep")
     by_rmsnorm = "scalenorm − rmsnorm (another norm in place of rmsnorm, both without bias)"

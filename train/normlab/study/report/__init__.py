@@ -51,15 +51,15 @@ COMMAND = "normlab-report"
 
 
 def check_declared(declared: Declared, runs: list) -> None:
-    """Refuse a reference or pairs that name a norm no run has (the default reference may be absent: the norms
-    outside the 2x2 are then compared with nothing)."""
+    """Refuse a reference or pairs that name a norm no run has (without a reference named, the norms outside the
+    2x2 are compared with its centred norm with a bias, or with nothing where no run has one)."""
     names = sorted({r.norm.name for r in runs})
     known = f"the runs' norms: {', '.join(names)}" if names else "no run given"
     unknown = sorted({n for pair in declared.pairs for n in pair if n not in names})
     if unknown:
         raise AnalysisError(f"pairs names {', '.join(unknown)}, which no run has ({known}): give "
                             "pairs=[[a,b],...] of the runs' norm names")
-    if declared.reference not in names and declared.reference != Declared().reference:
+    if declared.reference is not None and declared.reference not in names:
         raise AnalysisError(f"reference={declared.reference}: no run has that norm ({known})")
 
 
@@ -182,5 +182,6 @@ def declared(cfg: DictConfig) -> Declared:
     tuning = cfg.get("tuning")
     if tuning is not None and (not isinstance(tuning, str) or not tuning.strip()):
         raise AnalysisError(f"tuning={tuning}: give the dotted config key that was swept per norm, e.g. optimizer.lr")
-    return Declared(str(cfg.get("reference") or Declared().reference), tuple(tuple(p) for p in pairs), tuple(tuned),
+    reference = cfg.get("reference")
+    return Declared(None if reference is None else str(reference), tuple(tuple(p) for p in pairs), tuple(tuned),
                     check, tuning)

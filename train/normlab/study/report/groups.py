@@ -36,8 +36,9 @@ ARM_KEYS = ("branch.zero_mean_writers",)  # part of the arm a run is (runs.CONTR
 class Declared:
     """The comparisons a report is told to make (conf/report.yaml): each pair (a, b) of `pairs` as b − a; without
     pairs, the centring x bias 2x2 and every other norm against `reference` (a norm's name); `tuned`: settings each
-    norm was tuned in (optimizer.lr), in which the runs of one group may differ by norm."""
-    reference: str = "layernorm"
+    norm was tuned in (optimizer.lr), in which the runs of one group may differ by norm; `reference` None: the 2x2's
+    centred norm with a bias (LayerNorm), whichever class that is."""
+    reference: str | None = None
     pairs: tuple[tuple[str, str], ...] = ()
     tuned: tuple[str, ...] = ()
     learning_check: str = "bigram"  # which bar a compared run must pass (LEARNING_CHECKS)
@@ -296,7 +297,8 @@ def pair(runs, kept: dict[Arm, dict[tuple, Run]], declared: Declared, branch_ste
                 compare(base, other)
     else:
         pair_centring(ordered, cells, compare)
-        reference = next((a for a in ordered if a.name == declared.reference), None)
+        reference = (cells.get((True, True)) if declared.reference is None
+                     else next((a for a in ordered if a.name == declared.reference), None))
         for other in [a for a in ordered if reference and a != reference and a not in cells.values()]:
             compare(reference, other)
     return cells, comparisons
