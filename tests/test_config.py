@@ -41,7 +41,8 @@ def test_run_directory_names_every_setting_that_shapes_the_run():
     base = f"{PROJECT_ROOT}/checkpoints/demo/tiny-rmsnorm-seed3"
     assert run_dir("norm=rmsnorm", "seed=3") == base
     # what only names, places, logs or speeds up a run stays out; numbers are written one way
-    assert run_dir("norm=rmsnorm", "seed=3", "logger=csv", "runtime.compile=true", "trainer.devices=2") == base
+    assert run_dir("norm=rmsnorm", "seed=3", "logger=csv", "runtime.compile=true", "trainer.devices=2",
+                   "trainer.deterministic=true") == base
     assert run_dir("norm=rmsnorm", "seed=3", "optimizer.lr=1e-3") == run_dir("seed=3", "optimizer.lr=0.001",
                                                                             "norm=rmsnorm") == f"{base}-lr1e-3"
     assert run_dir("norm=rmsnorm", "seed=3", "model.lr=1e-3") == f"{base}-lr1e-3"  # the key of older commands

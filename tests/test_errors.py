@@ -179,6 +179,13 @@ CASES = {
         {},
         ["trainer.gradient_clip_val=-1: give a number >= 0 (0 or null: no clipping)"],
     ),
+    "deterministic neither true nor false": (
+        ["trainer.deterministic=maybe"],
+        None,
+        {},
+        ["trainer.deterministic=maybe: give true (torch's deterministic algorithms), warn (only warn where an "
+         "operation has none), false or null"],
+    ),
     "warm-up beyond the run": (
         ["schedule.warmup_fraction=1.5"],
         None,

@@ -25,7 +25,8 @@ def run_files(folder: Path) -> list[str]:
 NOT_IDENTITY = ("experiment", "experiment_name", "run_name", "run_dir", "restart", "analysis", "paths", "logger",
                 "runtime",
                 "hydra", "activation_checkpointing", "strategy", "trainer.devices", "trainer.num_nodes",
-                "trainer.accelerator", "trainer.strategy", "data.dir", "data.num_workers", "data.verify_checksums",
+                "trainer.accelerator", "trainer.strategy", "trainer.deterministic", "data.dir", "data.num_workers",
+                "data.verify_checksums",
                 "probe.dir", "callbacks.angles.probe_dir", "callbacks.throughput",
                 "checkpoints.scheduled",  # what the scheduled checkpoints hold (weights, or the optimizer's state too)
                 "norm.style")  # the colour and marker of the norm's figures

@@ -366,6 +366,9 @@ def check_train_config(cfg: DictConfig) -> None:
     clip = cfg.trainer.get("gradient_clip_val")
     if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool) or clip < 0):
         raise ConfigError(f"trainer.gradient_clip_val={clip}: give a number >= 0 (0 or null: no clipping)")
+    if cfg.trainer.get("deterministic") not in (None, True, False, "warn"):
+        raise ConfigError(f"trainer.deterministic={cfg.trainer.deterministic}: give true (torch's deterministic "
+                          "algorithms), warn (only warn where an operation has none), false or null")
     check_precision(cfg.trainer)
     check_slurm_tasks(cfg.trainer.devices)
     if str(cfg.trainer.strategy).startswith("fsdp"):
