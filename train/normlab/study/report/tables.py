@@ -57,29 +57,27 @@ def runs_table(group: Group, parameters: dict) -> str:
     return markdown(Table("runs", RUN_COLUMNS, tuple(rows)))
 
 
-COMPARISON_COLUMNS = text_columns(
-    "comparison", "method", "pairs (seeds)", "difference per seed", "mean", "95% CI (t)", "simultaneous 95% CI, Holm p",
-    "excludes 0 after Holm", "above 0 (sign test p)", "80% power after Holm at", "along the second half",
-    right=(4, 9))
+COMPARISON_COLUMNS = text_columns("comparison", "method", "n (seeds)", "Δ per seed", "mean Δ",
+                                  "along the second half", right=(4,))
+COMPARISON_CAPTION = (
+    "Δ: the final validation loss of the first-named norm minus the other's, per seed (nats/token); its intervals, "
+    "Holm p, sign test and detectable effect are the verdict's. Along the second half: the mean Δ over seeds at each "
+    "validation of the second half of training, the steps where its sign changed and whether it kept one sign over "
+    "the last quarter (loss_by_validation.csv).")
 
 
 def comparison_table(group: Group, members: list[Contrast]) -> str:
-    """Each comparison of the group as a member of the report's family (contrasts.py): per seed, the interval and
-    its simultaneous one with the Holm p, the sign test, the smallest detectable difference, and its sign along the
-    second half."""
+    """Each comparison of the group as a member of the report's family (contrasts.py): its difference per seed and
+    its sign along the second half (the verdict gives its intervals and tests)."""
     if not group.comparisons:
         return "No pair to compare: the group needs a centred and an uncentred finished run of one seed.\n"
     rows = []
     for m in [m for m in members if m.group is group and m.comparison is not None]:
         c, i = m.comparison, m.interval
-        excludes = "—" if i.holm_excludes_zero is None else "**yes**" if i.holm_excludes_zero else "no"
         rows.append(dict(zip((col.keys[0] for col in COMPARISON_COLUMNS), (
             c.label, m.method, f"{i.n} ({', '.join(str(base.seed) for base, _ in c.pairs)})",
-            ", ".join(i.number(d) for d in c.differences), i.number(i.mean),
-            "no interval: one pair" if i.low is None else f"[{i.number(i.low)}, {i.number(i.high)}] ({i.df} df)",
-            i.simultaneous_text() if i.low is not None else "—", excludes, f"{m.above} of {i.n} ({m.sign_p:.3g})",
-            i.detectable_text(), sign_along_training(c)))))
-    return markdown(Table("comparisons", COMPARISON_COLUMNS, tuple(rows)))
+            ", ".join(i.number(d) for d in c.differences), i.number(i.mean), sign_along_training(c)))))
+    return markdown(Table("comparisons", COMPARISON_COLUMNS, tuple(rows), COMPARISON_CAPTION))
 
 
 def factorial_table(group: Group, members: list[Contrast]) -> str:
@@ -208,35 +206,38 @@ def evaluation_table(group: Group) -> str:
 
 
 def layer_table(series: list[Series]) -> str:
-    """Per norm input: each norm's angle to 1 (mean over seeds ± their sd), its deviation in null sds and the
-    share of the squared norm along 1."""
+    """Per norm input, two tables of a column per norm: the angle to 1 (mean over seeds ± their sd) with its
+    deviation in null sds, and the share of the squared norm along 1; the steps and runs in the caption."""
     profiles = [(s, profile(s.angles, "input", "uniform")) for s in series]
     profiles = [(s, p) for s, p in profiles if p]
     if not profiles:
         return ""
     keys = sorted({k for _, p in profiles for k in p}, key=site_sort)
-    header = ["norm input"]
-    for s, p in profiles:
-        header += [f"{s.norm}: angle to 1 (step {step_text([p])}, {runs_text(len(s.angles))})",
-                   "(angle − 90) / null sd", "share along 1"]
-    rows = []
-    for key in keys:
-        cells = [site_tick(key)]
-        for _, p in profiles:
-            point = p.get(key)
-            if point is None:
-                cells += ["—"] * 3
-                continue
-            spread = f" ± {point.seed_sd:.2f}" if point.seed_sd is not None else ""
-            marker = "" if point.random_sd is not None else "‡"
-            cells += [f"{point.mean:.2f}{spread}", f"{point.deviation:+.1f}{marker}", f"{point.share:.4f}"]
-        rows.append(dict(enumerate(cells)))
-    columns = tuple(Column((i,), title, right=i > 0) for i, title in enumerate(header))  # keyed by position: two
-    # norms' columns share their titles
+    titles = ["input"] + [s.norm for s, _ in profiles]
+    columns = tuple(Column((i,), title, right=i > 0) for i, title in enumerate(titles))
+
+    def cell(point, share: bool) -> str:
+        if point is None:
+            return "—"
+        if share:
+            return f"{point.share:.4f}"
+        spread = f" ± {point.seed_sd:.2f}" if point.seed_sd is not None else ""
+        return f"{point.mean:.2f}{spread} ({point.deviation:+.1f}{'' if point.random_sd is not None else '‡'})"
+
+    angles, shares = ([dict(enumerate([site_tick(k), *(cell(p.get(k), share) for _, p in profiles)])) for k in keys]
+                      for share in (False, True))
+    measured = {s.norm: f"at step {step_text([p])}, {runs_text(len(s.angles))}" for s, p in profiles}
+    measured = (f"each norm {next(iter(measured.values()))}" if len(set(measured.values())) == 1
+                else "; ".join(f"{norm} {text}" for norm, text in measured.items()))
     d = profiles[0][1][keys[0]].d if keys[0] in profiles[0][1] else None
-    null = (f" (a random direction's share averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
+    null = (f" (a random direction's averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
             "percentile among them)") if d else ""
-    return markdown(Table("layers", columns, tuple(rows))) + f"\nShare along 1: the mean cos² of the angle{null}.\n"
+    return (markdown(Table("layers", columns, tuple(angles), (
+        f"θ (z): the angle (°) of a norm's input to 1, mean over the runs' mean angles ± their sd ({measured}); z, "
+        "(θ − 90) in sds of that mean angle over random directions in place of 1 (‡: of a mean over independent "
+        "tokens, where angles.csv has no null)."))) + "\n" + markdown(Table("layer_shares", columns, tuple(shares), (
+            f"The share of the squared norm along 1: the mean cos² of the angle{null}; per run and direction in "
+            "angles_by_site.csv."))))
 
 
 def group_section(group: Group, parameters: dict, members: list[Contrast]) -> str:
@@ -252,7 +253,7 @@ def group_section(group: Group, parameters: dict, members: list[Contrast]) -> st
         text += [f"### Evaluation (normlab-eval), uncentred − centred{replacements(group.comparisons)}, paired by "
                  "seed\n", table]
     if table := layer_table(group.series()):
-        text += ["### Angle to 1 at the norm inputs, per layer (mean over seeds ± their sd)\n", table]
+        text += ["### Angle to 1 at the norm inputs, per layer: θ (z), then the share along 1\n", table]
     return "\n".join(text)
 
 
