@@ -79,7 +79,7 @@ COMPARISON_COLUMNS = (
 def comparison_caption(rows: tuple[ComparisonRow, ...]) -> str:
     size = max((r.family_size for r in rows if r.holm_p is not None), default=0)
     return (
-        "Δ: final validation loss, the second-named norm's minus the first's (nats/token), mean over n seeds; for "
+        "Δ: final validation loss as the comparison reads, b − a: b's minus a's (nats/token), mean over n seeds; for "
         "the 2x2's effects (centring and bias averaged over the other; centring × bias, the centring's effect with a "
         "bias − without) a contrast of the cell means with the pooled residual of seed + cell, 3(n − 1) df; else a "
         "paired t, n − 1 df. Δ > 0: the uncentred (or the replacing) norm has the higher loss. Of branches "
