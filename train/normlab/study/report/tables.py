@@ -224,18 +224,19 @@ def layer_table(series: list[Series]) -> str:
         spread = f" ± {point.seed_sd:.2f}" if point.seed_sd is not None else ""
         return f"{point.mean:.2f}{spread} ({point.deviation:+.1f}{'' if point.random_sd is not None else '‡'})"
 
-    angles, shares = ([dict(enumerate([site_tick(k), *(cell(p.get(k), share) for _, p in profiles)])) for k in keys]
-                      for share in (False, True))
+    def rows(share: bool) -> tuple:
+        return tuple(dict(enumerate([site_tick(k), *(cell(p.get(k), share) for _, p in profiles)])) for k in keys)
+
     measured = {s.norm: f"at step {step_text([p])}, {runs_text(len(s.angles))}" for s, p in profiles}
     measured = (f"each norm {next(iter(measured.values()))}" if len(set(measured.values())) == 1
                 else "; ".join(f"{norm} {text}" for norm, text in measured.items()))
     d = profiles[0][1][keys[0]].d if keys[0] in profiles[0][1] else None
-    null = (f" (a random direction's averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
+    null = (f" (a random direction's share averages 1/d = {1 / d:.4f}, but their spread is wide: the verdict gives the "
             "percentile among them)") if d else ""
-    return (markdown(Table("layers", columns, tuple(angles), (
+    return (markdown(Table("layers", columns, rows(share=False), (
         f"θ (z): the angle (°) of a norm's input to 1, mean over the runs' mean angles ± their sd ({measured}); z, "
         "(θ − 90) in sds of that mean angle over random directions in place of 1 (‡: of a mean over independent "
-        "tokens, where angles.csv has no null)."))) + "\n" + markdown(Table("layer_shares", columns, tuple(shares), (
+        "tokens, where angles.csv has no null)."))) + "\n" + markdown(Table("layer_shares", columns, rows(share=True), (
             f"The share of the squared norm along 1: the mean cos² of the angle{null}; per run and direction in "
             "angles_by_site.csv."))))
 

@@ -79,13 +79,13 @@ COMPARISON_COLUMNS = (
 def comparison_caption(rows: tuple[ComparisonRow, ...]) -> str:
     size = max((r.family_size for r in rows if r.holm_p is not None), default=0)
     return (
-        "Δ: final validation loss as the comparison reads, b − a: b's minus a's (nats/token), mean over n seeds; for "
-        "the 2x2's effects (centring and bias averaged over the other; centring × bias, the centring's effect with a "
-        "bias − without) a contrast of the cell means with the pooled residual of seed + cell, 3(n − 1) df; else a "
-        "paired t, n − 1 df. Δ > 0: the uncentred (or the replacing) norm has the higher loss. Of branches "
+        "Δ: final validation loss as the comparison reads, b − a: b's minus a's (nats/token), mean over n seeds; "
+        "for the 2x2's effects (centring and bias averaged over the other; centring × bias, the centring's effect "
+        "with a bias − without) a contrast of the cell means with the pooled residual of seed + cell, 3(n − 1) df; "
+        "else a paired t, n − 1 df. Δ > 0: the uncentred (or the replacing) norm has the higher loss. Of branches "
         "(docs/branch.md): control, the zero-mean-writers control − the LN branch (float rounding alone); restart, "
-        "the LN branch − its source continuing (what the fresh optimizer costs). ★ the primary "
-        "contrast, declared with the runs. 95% CI: each alone. simult. CI: all "
+        "the LN branch − its source continuing (what the fresh optimizer costs). ★ the primary contrast, declared "
+        "with the runs. 95% CI: each alone. simult. CI: all "
         f"{size} of the family together at 95%, matching Holm's test (in each direction at {ALPHA / 2:g}; "
         "Strassburger & Bretz 2008); an end at 0 says Holm rejected, no more. p Holm: adjusted over the family; a "
         f"comparison excludes 0 only where it is below {ALPHA:g}. >0: seeds whose difference is above 0 (of n; "
