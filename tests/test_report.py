@@ -247,8 +247,8 @@ def test_the_ablations_null_gives_its_percentile_per_seed_and_over_seeds_in_the_
     assert "| +0.0200 | [-0.1071, +0.1471] | 25 |" in summary
     median = f"{(0.021 + 0.0265) / 2:+.4f}"
     assert (f"(t over 2 seeds), at the 25th percentile of the same ablation along 4 random directions (their median "
-            f"{median}); per seed: seed 0 +0.0100 [+0.0000, +0.0500] (bootstrap over windows) (pct 75), seed 1 +0.0300 "
-            "[+0.0000, +0.0500] (bootstrap over windows) (pct 25)") in summary
+            f"{median}); per seed (bootstrap over windows): seed 0 +0.0100 [+0.0000, +0.0500] (pct 75), seed 1 "
+            "+0.0300 [+0.0000, +0.0500] (pct 25)") in summary  # one unit: said once
     with open(tmp_path / "out/verdict_norms.csv") as f:
         (rms,) = [r for r in csv.DictReader(f) if r["norm"] == "rmsnorm"]
     assert (float(rms["ablation_null_pct"]), rms["ablation_null_directions"]) == (25.0, "4")

@@ -126,7 +126,7 @@ def test_the_loss_figure_gives_validation_its_own_axis_and_the_paired_difference
     # the bias differs too: the sign names the norms, not the centring
     assert "> 0: rmsnorm higher than layernorm" in one_line(difference.get_ylabel())
     assert "nats/token" in difference.get_ylabel() and "centr" not in difference.get_ylabel()
-    assert "step 10" in fig.get_suptitle()
+    assert "step 10" in one_line(fig.get_suptitle())
 
 
 def test_one_pair_draws_no_band_and_says_so(tmp_path):
@@ -153,7 +153,7 @@ def test_a_2x2_sweep_gets_a_difference_panel_per_comparison_and_the_final_figure
         ylabel = one_line(axis_titled(losses, title).get_ylabel())  # the bias is common: the centring alone differs
         assert ylabel.startswith("val loss, uncentred − centred,") and ylabel.endswith("> 0: uncentred higher)")
     (ax,) = final.axes
-    assert "final validation loss (step 10), paired by seed" in final.get_suptitle()
+    assert "final validation loss (step 10), paired by seed" in one_line(final.get_suptitle())
     assert one_line(ax.get_ylabel()) == "final val loss, uncentred − centred (nats/token; > 0: uncentred higher)"
     means = [c.lines[0].get_ydata()[0] for c in ax.containers if c.get_label() == "mean, t 95% interval over 2 seeds"]
     assert means == pytest.approx([0.03, -0.01])  # with the bias 3.03 - 3.00 in both seeds, without 3.01 - 3.02
@@ -185,7 +185,8 @@ def test_the_final_differences_figure_says_its_final_loss_is_a_mean_of_validatio
         for seed in (0, 1):
             make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, loss, settings={"analysis.final_validations": 2})
     final = loss_differences_figure(group_of(tmp_path))
-    assert "final validation loss (the mean of 2 validations, steps 5-10), paired by seed" in final.get_suptitle()
+    title = one_line(final.get_suptitle())
+    assert "final validation loss (the mean of 2 validations, steps 5-10), paired by seed" in title
 
 
 DYT_VAL = {("layernorm", 0): {5: 3.60, 10: 3.00}, ("rmsnorm", 0): {5: 3.65, 10: 3.02},
@@ -311,7 +312,8 @@ def test_angles_by_layer_shows_each_seeds_mean_and_one_null_band_for_norms_whose
         assert band.get_label() == "null of every norm: mean angle to random directions ± 1 sd (for the runs' mean)"
         assert band.get_hatch() is None and band.get_facecolor()[0][3] <= 0.15  # unhatched, light
         assert sorted({round(y, 9) for _, y in band.get_paths()[0].vertices}) == pytest.approx([89.58, 90.42])
-    assert "bars ± std over tokens" in one_line(inputs.get_ylabel()) and fig.get_suptitle().endswith("step 10")
+    assert "bars ± std over tokens" in one_line(inputs.get_ylabel())
+    assert one_line(fig.get_suptitle()).endswith("step 10")
 
 
 def test_a_norm_whose_null_differs_gets_a_band_of_its_own(tmp_path):
@@ -342,7 +344,7 @@ def test_angles_by_layer_of_one_run_draws_no_seed_markers(tmp_path):
     assert [line for line in inputs.get_lines() if "each run" in line.get_label()] == []
     assert errorbar_labelled(inputs, "rmsnorm: mean of 1 run, bars ± std over tokens").lines[0].get_ydata()[
         FINAL_INPUT] == pytest.approx(93.0)
-    assert fig.get_suptitle().endswith("step 120")
+    assert one_line(fig.get_suptitle()).endswith("step 120")
 
 
 def test_the_references_figure_says_what_it_shows_and_names_its_step(tmp_path):
@@ -354,8 +356,8 @@ def test_the_references_figure_says_what_it_shows_and_names_its_step(tmp_path):
     assert "uniform vector 1" in labels and "random direction a~ (length √d)" in labels
     assert any(label.startswith("random direction b~") and "an angle ignores length" in label for label in labels)
     assert not any("does not matter" in label for label in labels)
-    assert fig.get_suptitle().endswith("the angle to 1 beside two random directions, step 10")
-    assert "steps 0, 10" in angles_training_figure(group.title, group.series()).get_suptitle()
+    assert one_line(fig.get_suptitle()).endswith("the angle to 1 beside two random directions, step 10")
+    assert "steps 0, 10" in one_line(angles_training_figure(group.title, group.series()).get_suptitle())
 
 
 def test_the_ablation_figure_tells_seeds_of_one_norm_apart_and_names_the_steps_ablated(tmp_path):
@@ -443,6 +445,21 @@ def assert_readable(name: str, fig) -> None:
         panel, title, label = ax.get_window_extent(), ax.title.get_window_extent(), ax.yaxis.label.get_window_extent()
         assert not ax.get_title() or panel.x0 - 1 <= title.x0 and title.x1 <= panel.x1 + 1, (name, ax.get_title())
         assert not ax.get_ylabel() or panel.y0 - 1 <= label.y0 and label.y1 <= panel.y1 + 1, (name, ax.get_ylabel())
+
+
+def test_the_2x2s_final_differences_keep_their_title_inside_a_narrow_figure(tmp_path):
+    """The 2x2 alone: two comparisons make a figure narrower than its title's line ("the mean of 2 validations, steps
+    2,500-2,800", as cpu_study's); the title is wrapped to the canvas, not cut at both edges."""
+    for k, norm in enumerate(("layernorm", "rmsnorm_bias", "layernorm_nobias", "rmsnorm")):
+        for seed in (0, 1):
+            run = make_run(tmp_path, f"{norm}-seed{seed}", norm, seed, max_steps=2800,
+                           settings={"analysis.final_validations": 2})
+            plant_losses(run, {2500: 3.6 + k / 10, 2800: 3.0 + k / 100 + seed / 50})
+    group = group_of(tmp_path, unigram_loss=4.0)
+    with plt.rc_context(STYLE):
+        fig = loss_differences_figure(group)
+    assert len(fig.get_suptitle().splitlines()) > 2  # the title's one line was wrapped
+    assert_readable("loss_difference of the 2x2", fig)
 
 
 def test_every_figure_keeps_its_legend_and_labels_inside_the_canvas(tmp_path):

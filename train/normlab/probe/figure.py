@@ -232,9 +232,24 @@ def fit_labels(fig) -> None:
 def finish(fig, axes, title: str, ncols: int = 2) -> None:
     """A figure's title, its panels' titles and y labels fitted (fit_labels) and its one legend (legend_below), in
     this order: the title takes height from the panels, and the legend adds its own."""
-    fig.suptitle(title)
+    fit_title(fig, title)
     fit_labels(fig)
     legend_below(fig, axes, ncols)
+
+
+def fit_title(fig, title: str) -> None:
+    """The figure's title, its lines wrapped narrower until it is no wider than the canvas (a narrow figure of two
+    comparisons has less room than its title's one line asks for), and the figure taller by the lines it gained, so
+    that the panels keep the height the caller gave them."""
+    width = max(map(len, title.splitlines()))
+    text = fig.suptitle(title)
+    renderer = fig.canvas.get_renderer()
+    height = text.get_window_extent(renderer).height
+    while width > SHORTEST_WRAP and 0.97 * fig.bbox.width < text.get_window_extent(renderer).width:
+        fits = 0.97 * fig.bbox.width / text.get_window_extent(renderer).width
+        width = max(SHORTEST_WRAP, min(width - 1, int(width * fits)))
+        text.set_text(wrap_label(title, width))
+    fig.set_figheight(fig.get_figheight() + (text.get_window_extent(renderer).height - height) / fig.dpi)
 
 
 def legend_below(fig, axes, ncols: int = 2) -> None:

@@ -66,13 +66,16 @@ def ablation_cell(series: Series, command: str, row_steps: set[int] = frozenset(
         prefix = f"{kind if series.normalizes else f'{kind} (before its point-wise map)'}: " if kind else ""
         steps = step_note({row["step"] for _, row, *_ in found if row.get("step") is not None}, set(row_steps))
         among = null_text(null_of([row["delta"] for _, row, *_ in found], [n for *_, n in found]))
-        per_seed = [f"{label} {bootstrap_text(row)}{null_text(null_of([row['delta']], [n]), short=True)}"
-                    for label, row, _, n in found]
+        units = {resampling_unit(row) for _, row, *_ in found if row.get("ci_low") is not None}
+        per_seed = [f"{label} {bootstrap_text(row, with_unit=len(units) > 1)}"
+                    f"{null_text(null_of([row['delta']], [n]), short=True)}" for label, row, _, n in found]
+        per_seed_unit = f" (bootstrap over {units.pop()})" if len(units) == 1 else ""
         if len(found) == 1:
             cells.append(f"{prefix}{bootstrap_text(found[0][1])}{steps}{among}")
             continue
         interval = Interval.of([row["delta"] for _, row, *_ in found])
-        cells.append(f"{prefix}{interval.text(seeds_text(interval.n))}{steps}{among}; per seed: {', '.join(per_seed)}"
+        cells.append(f"{prefix}{interval.text(seeds_text(interval.n))}{steps}{among}; per seed{per_seed_unit}: "
+                     f"{', '.join(per_seed)}"
                      f"{sign_changes([rows for _, _, rows, _ in found])}")
     missing = sum(1 for rows in series.ablations if not rows)
     return "; ".join(cells) + (f"; {runs_text(missing)} not ablated" if missing > 0 else "")
@@ -88,12 +91,16 @@ def null_text(null: AblationNull | None, short: bool = False) -> str:
             f"directions (their median {null.median:+.4f})")
 
 
-def bootstrap_text(row: dict) -> str:
-    """One run's delta with its bootstrap interval and the unit that interval resampled."""
+def resampling_unit(row: dict) -> str:
+    return row.get("resampling_unit") or "windows"
+
+
+def bootstrap_text(row: dict, with_unit: bool = True) -> str:
+    """One run's delta with its bootstrap interval and (unless said once for several) the unit it resampled."""
     if row.get("ci_low") is None or row.get("ci_high") is None:
         return f"{row['delta']:+.4f}"
-    unit = row.get("resampling_unit") or "windows"
-    return f"{row['delta']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] (bootstrap over {unit})"
+    unit = f" (bootstrap over {resampling_unit(row)})" if with_unit else ""
+    return f"{row['delta']:+.4f} [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}]{unit}"
 
 
 @dataclass(frozen=True)
