@@ -15,7 +15,7 @@ from normlab.interop.evaluate import CSV_COLUMNS
 from normlab.probe.table import AnalysisError
 from normlab.study.report.groups import Declared, group_runs, screen
 from normlab.study.report.runs import find_runs
-from test_report import make_run, report, user_norm_run, write_ablation, write_csv
+from test_report import make_run, per_seed_table, report, user_norm_run, write_ablation, write_csv
 
 
 def test_screening_and_pairing_are_pure_functions_of_the_runs(tmp_path):
@@ -96,13 +96,17 @@ def test_a_2x2_sweep_of_centring_and_bias_gives_two_comparisons_and_its_table(tm
     assert "### Centring × bias, paired by seed" in summary
     assert "| with | layernorm: 3.0500 | rmsnorm_bias: 3.0750 |" in summary
     assert "| without | layernorm_nobias: 3.0650 | rmsnorm: 3.0625 |" in summary
-    assert ("| **primary**: centring, averaged over bias (uncentred − centred) | +0.0112 [-0.0007, +0.0232] "
-            "(t over 2 seeds, 3 df) | simultaneous [-0.0107, +0.0332], Holm p 0.173 |") in summary
+    assert ("centring, averaged over bias (uncentred − centred): +0.0112 [-0.0007, +0.0232] (t over 2 seeds, 3 df), "
+            "simultaneous [-0.0107, +0.0332], Holm p 0.17") in summary  # the verdict's primary sentence
     # none of the 5 rejected: every simultaneous interval at 0.05 / 5 (± 5.1765 x 0.00375 for the centring)
     assert "| tiny | centring (2x2) ★ | 2 | +0.0112 | [-0.0007, +0.0232] | [-0.0107, +0.0332] | 0.17 | 2 |" in summary
-    assert "| interaction (the centring's effect with a bias − without) | +0.0275 [+0.0036, +0.0514]" in summary
-    assert ("| rmsnorm_bias − layernorm (with bias) | 2x2 factorial blocked by seed, pooled residual | 2 (0, 1) | "
-            "+0.0300, +0.0200 | +0.0250 | ") in summary
+    assert "| tiny | centring × bias | 2 | +0.0275 | [+0.0036, +0.0514] |" in summary
+    assert ("Their effects, the verdict's (2x2) rows with their intervals and tests: centring, averaged over bias "
+            "(uncentred − centred): +0.0112;") in " ".join(summary.split())  # named below the cells, not repeated
+    assert summary.count("[-0.0007, +0.0232]") == 2  # the verdict's sentence and row, not a third time
+    # the per-seed table: a column per comparison, a row per seed
+    assert per_seed_table(summary) == {"rmsnorm_bias − layernorm (with bias)": ["+0.0300", "+0.0200", "+0.0250"],
+                                       "rmsnorm − layernorm_nobias (without bias)": ["-0.0100", "+0.0050", "-0.0025"]}
     # each cell pair's interval on the pooled residual's 3 df, not a paired t's 1
     assert "| tiny | rmsnorm_bias − layernorm | 2 | +0.0250 | [+0.0081, +0.0419] |" in summary
     assert "| tiny | rmsnorm − layernorm_nobias | 2 | -0.0025 | [-0.0194, +0.0144] |" in summary
@@ -174,7 +178,7 @@ def test_dyt_is_paired_with_layernorm_by_seed_and_never_with_the_centring(tmp_pa
     assert "| tiny | dyt | 3 | 10 | 0 | — | — | — | 0.0500 | — | +0.2000 | [+0.1500, +0.2500] |" in summary
     assert ("Ablation: centred (before its point-wise map): +0.2000 [+0.1500, +0.2500] (bootstrap over windows); 2 "
             "runs not ablated.") in summary
-    assert f"| {DYT} | paired t | 3 (0, 1, 2) | +0.2000, +0.1500, +0.3000 | +0.2167 | " in summary  # the seeds
+    assert per_seed_table(summary)[DYT] == ["+0.2000", "+0.1500", "+0.3000", "+0.2167"]  # the seeds, their mean
     text = " ".join(summary.split())
     assert "### Evaluation (normlab-eval), uncentred − centred (dyt: − layernorm), paired by seed" in summary
     assert ("rmsnorm − layernorm (the bias differs too): these runs differ in the bias as well as in the centring "
@@ -221,8 +225,8 @@ def test_a_users_norm_beside_rmsnorm_is_no_replicate_and_is_compared_with_the_re
     # 0.05, 0.02: mean 0.035, sd 0.0212, half-width 12.7062 x 0.0212 / sqrt 2 = 0.1906
     assert ("| tiny | scalenorm − layernorm | 2 | +0.0350 | [-0.1556, +0.2256] | "
             "[-0.3468, +0.4168] | 0.26 | 2 |") in summary
-    assert ("| scalenorm − layernorm (another norm in place of layernorm; the bias differs too) | paired t | 2 "
-            "(0, 1) | +0.0500, +0.0200 | +0.0350 | ") in summary
+    assert per_seed_table(summary)["scalenorm − layernorm (another norm in place of layernorm; the bias differs "
+                                   "too)"] == ["+0.0500", "+0.0200", "+0.0350"]
     # RMSNorm's 6,540,864 parameters less 63 at each of its 5 norms (one scalar gain for 64)
     assert "| scalenorm-seed1 | scalenorm | 1 | 6,540,549 |" in summary and "point-wise" not in summary
 
@@ -253,12 +257,11 @@ def test_declared_pairs_or_reference_are_what_is_compared_and_a_name_no_run_has_
     (group,) = group_runs(find_runs([sweep])[0], Declared(reference="rmsnorm"))
 
     summary = (tmp_path / "out/summary.md").read_text()
-    table = summary.split("### Final validation loss, paired by seed")[1].split("###")[0]
-    assert [row.split(" | ")[0] for row in table.splitlines() if " − " in row] == [f"| {by_rmsnorm}"]  # it alone
+    assert list(per_seed_table(summary)) == [by_rmsnorm]  # it alone
     # 0.03, -0.01: mean 0.01, sd 0.0283, half-width 12.7062 x 0.0283 / sqrt 2 = 0.2541
     assert ("| tiny | scalenorm − rmsnorm | 2 | +0.0100 | [-0.2441, +0.2641] | "
             "[-0.2441, +0.2641] | 0.7 | 1 |") in summary
-    assert f"| {by_rmsnorm} | paired t | 2 (0, 1) | +0.0300, -0.0100 | +0.0100 | " in summary
+    assert per_seed_table(summary)[by_rmsnorm] == ["+0.0300", "-0.0100", "+0.0100"]
     (row,) = csv.DictReader(open(tmp_path / "out/verdict_comparisons.csv"))
     assert (row["above_0"], row["sign_test_p"]) == ("1", "1.0")  # its seeds above 0 and their sign test
     assert [(c.label, c.differences) for c in group.comparisons] == [  # the 2x2 as before, then the reference's

@@ -57,32 +57,33 @@ def runs_table(group: Group, parameters: dict) -> str:
     return markdown(Table("runs", RUN_COLUMNS, tuple(rows)))
 
 
-COMPARISON_COLUMNS = text_columns("comparison", "method", "n (seeds)", "Δ per seed", "mean Δ",
-                                  "along the second half", right=(4,))
 COMPARISON_CAPTION = (
-    "Δ: the final validation loss of the first-named norm minus the other's, per seed (nats/token); its intervals, "
-    "Holm p, sign test and detectable effect are the verdict's. Along the second half: the mean Δ over seeds at each "
-    "validation of the second half of training, the steps where its sign changed and whether it kept one sign over "
-    "the last quarter (loss_by_validation.csv).")
+    "Δ: the final validation loss of the first-named norm minus the other's, a seed's pair per row (nats/token; — : "
+    "no pair of that seed); its intervals, Holm p, sign test and detectable effect are the verdict's.")
 
 
 def comparison_table(group: Group, members: list[Contrast]) -> str:
-    """Each comparison of the group as a member of the report's family (contrasts.py): its difference per seed and
-    its sign along the second half (the verdict gives its intervals and tests)."""
+    """Each comparison of the group as a member of the report's family (contrasts.py): a column of its difference
+    per seed and their mean, and below, its sign along the second half (the verdict gives its intervals and tests)."""
     if not group.comparisons:
         return "No pair to compare: the group needs a centred and an uncentred finished run of one seed.\n"
-    rows = []
-    for m in [m for m in members if m.group is group and m.comparison is not None]:
-        c, i = m.comparison, m.interval
-        rows.append(dict(zip((col.keys[0] for col in COMPARISON_COLUMNS), (
-            c.label, m.method, f"{i.n} ({', '.join(str(base.seed) for base, _ in c.pairs)})",
-            ", ".join(i.number(d) for d in c.differences), i.number(i.mean), sign_along_training(c)))))
-    return markdown(Table("comparisons", COMPARISON_COLUMNS, tuple(rows), COMPARISON_CAPTION))
+    compared = [m for m in members if m.group is group and m.comparison is not None]
+    by_seed = [{base.seed: d for (base, _), d in zip(m.comparison.pairs, m.comparison.differences)} for m in compared]
+    seeds = sorted({seed for found in by_seed for seed in found})
+    labels = [m.comparison.label for m in compared]
+    columns = text_columns("seed", *labels, right=tuple(range(len(labels) + 1)))
+    rows = [{"seed": seed, **{label: m.interval.number(found[seed]) if seed in found else "—"
+                              for label, m, found in zip(labels, compared, by_seed)}} for seed in seeds]
+    rows.append({"seed": "mean", **{label: m.interval.number(m.interval.mean) for label, m in zip(labels, compared)}})
+    along = " ".join(f"{m.comparison.label}: {sign_along_training(m.comparison)}." for m in compared)
+    caption = (f"{COMPARISON_CAPTION} Along the second half of training, the mean Δ over seeds at each validation "
+               f"(loss_by_validation.csv): {along}")
+    return markdown(Table("comparisons", columns, tuple(rows), caption))
 
 
 def factorial_table(group: Group, members: list[Contrast]) -> str:
     """The 2x2 of centring and bias, where the group's 2x2 is complete: each cell's mean final loss over the seeds
-    all four cells have, and the factorial's effects (contrasts.factorial) as members of the family."""
+    all four cells have; its effects (contrasts.factorial) are the verdict's rows, named here as they read."""
     blocks = complete_blocks(group)
     effects = [m for m in members if m.group is group and m.effect]
     if not blocks or not effects:
@@ -94,19 +95,11 @@ def factorial_table(group: Group, members: list[Contrast]) -> str:
 
     cells = [{"bias": bias, "centred": mean((True, with_bias)), "uncentred": mean((False, with_bias))}
              for bias, with_bias in (("with", True), ("without", False))]
-    rows = [{"effect": ("**primary**: " if m.primary else "") + m.label,
-             "estimate [95% CI]": m.interval.text(f"{m.interval.n} seeds, {m.interval.df} df"),
-             "simultaneous, Holm": m.interval.simultaneous_text(),
-             "above 0 (sign test p)": f"{m.above} of {m.interval.n} ({m.sign_p:.3g})",
-             "80% power after Holm at": m.interval.detectable_text()} for m in effects]
-    effect_columns = text_columns("effect", "estimate [95% CI]", "simultaneous, Holm", "above 0 (sign test p)",
-                                  "80% power after Holm at", right=(4,))
-    tables = markdown(Table("cells", text_columns("bias", "centred", "uncentred"), tuple(cells))) + "\n" + markdown(
-        Table("effects", effect_columns, tuple(rows)))
-    return (tables.rstrip("\n") + f"\n\nThe cells: mean final loss over the {seeds_text(len(blocks))} every cell has "
-            "(each seed a block: same initial weights, same batches). The effects: contrasts of the cell means with "
-            "the pooled residual of seed + cell (3(n − 1) df); > 0: the first-named side has the higher loss (the "
-            "centring lowers the loss; the bias raises it; the centring helps more with a bias than without).\n")
+    named = "; ".join(f"{m.label}: {m.interval.number(m.interval.mean)}" for m in effects)
+    return markdown(Table("cells", text_columns("bias", "centred", "uncentred"), tuple(cells), (
+        f"The cells: mean final loss over the {seeds_text(len(blocks))} every cell has (each seed a block: same "
+        f"initial weights, same batches). Their effects, the verdict's (2x2) rows with their intervals and tests: "
+        f"{named} (> 0: the first-named side has the higher loss).")))
 
 
 def final_loss_note(group: Group) -> str:

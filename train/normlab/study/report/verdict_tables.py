@@ -81,8 +81,9 @@ def comparison_caption(rows: tuple[ComparisonRow, ...]) -> str:
     return (
         "Δ: final validation loss as the comparison reads, b − a: b's minus a's (nats/token), mean over n seeds; "
         "for the 2x2's effects (centring and bias averaged over the other; centring × bias, the centring's effect "
-        "with a bias − without) a contrast of the cell means with the pooled residual of seed + cell, 3(n − 1) df; "
-        "else a paired t, n − 1 df. Δ > 0: the uncentred (or the replacing) norm has the higher loss. Of branches "
+        "with a bias − without) and its centring at each bias (its uncentred − centred pairs), a contrast of the "
+        "cell means with the pooled residual of seed + cell, 3(n − 1) df; else a paired t, n − 1 df. Δ > 0: the "
+        "uncentred (or the replacing) norm has the higher loss. Of branches "
         "(docs/branch.md): control, the zero-mean-writers control − the LN branch (float rounding alone); restart, "
         "the LN branch − its source continuing (what the fresh optimizer costs). ★ the primary contrast, declared "
         "with the runs. 95% CI: each alone. simult. CI: all "
