@@ -162,3 +162,25 @@ def test_the_centring_and_its_change_between_rates_are_paired_by_seed(tmp_path):
     assert float(row["change"]) == pytest.approx(0.031) and row["seeds"] == "0 1 2"
     centring = {(float(r["value"]), r["bias"]): r for r in rows_of(tmp_path / "out" / "tuning_centring.csv")}
     assert centring[(2e-3, "without")]["n"] == "4" and float(centring[(2e-3, "without")]["low"]) > 0
+
+
+def test_values_with_different_seeds_are_ranked_on_the_seeds_they_share(tmp_path):
+    """The study's rate report: 2e-3 over seeds 0-3 (3.0, 3.0, 3.4, 3.4: mean 3.2), 4e-3 over seeds 0 and 1 only
+    (3.1 each). On their own seeds 4e-3 would look 0.1 better; on the seeds both have, 2e-3 is 0.1 better."""
+    for seed, loss in enumerate((3.0, 3.0, 3.4, 3.4)):
+        make_run(tmp_path / "runs", f"tiny-rmsnorm-lr2e-3-seed{seed}", "rmsnorm", seed, loss,
+                 settings={"optimizer.lr": 2e-3})
+    for seed in (0, 1):
+        make_run(tmp_path / "runs", f"tiny-rmsnorm-lr4e-3-seed{seed}", "rmsnorm", seed, 3.1,
+                 settings={"optimizer.lr": 4e-3})
+    (tuning,) = tune(find_runs([tmp_path / "runs"])[0], "optimizer.lr")
+    low, high = tuning.points
+    assert (low.final_val_loss, high.final_val_loss) == pytest.approx((3.2, 3.1))  # each over its own seeds
+    assert (low.best, high.best) == (True, False) and high.above_best == pytest.approx(0.1)
+    assert low.ranked_seeds == high.ranked_seeds == (0, 1)
+    report(f"runs={tmp_path / 'runs'}", f"out={tmp_path / 'out'}", "tuning=optimizer.lr")
+    summary = (tmp_path / "out/summary.md").read_text()
+    assert "| tiny | rmsnorm | 0.002 | 3.2000 | 0† | 0.2309 | 0 1 2 3 |" in summary  # ranked on fewer seeds: †
+    assert "| tiny | rmsnorm | 0.004 | 3.1000 | +0.1000 | 0 | 0 1 |" in summary
+    (row,) = [r for r in rows_of(tmp_path / "out/tuning.csv") if r["value"] == "0.002"]
+    assert (row["ranked_seeds"], float(row["above_best"])) == ("0 1", 0.0)

@@ -29,7 +29,8 @@ class Point:
     seeds: tuple[int, ...]
     final_val_loss: float
     seed_sd: float | None  # the sd of the final loss over its seeds (None: one seed)
-    above_best: float | None = None  # its loss minus its norm's best (0 at the best)
+    above_best: float | None = None  # its loss minus its norm's best (0 at the best), over `ranked_seeds`
+    ranked_seeds: tuple[int, ...] = ()  # the seeds every value of its norm has (its own where they share none)
     best: bool = False
     cell: tuple[bool, bool] | None = None  # (centres, bias) for a norm of the centring x bias 2x2 (its traits)
     losses: tuple[float, ...] = ()  # each run's final loss, in the order of `seeds` (inf: it diverged)
@@ -179,11 +180,14 @@ def tuning_of(title: str, runs: list, key: str) -> Tuning:
     for arm in sorted(by_arm, key=lambda a: a.order):
         norm, by_value = arm_label(arms, arm), by_arm[arm]
         mine = [point(title, norm, value, found) for value, found in sorted(by_value.items())]
-        best = min(mine, key=lambda p: p.final_val_loss)
-        finite = math.isfinite(best.final_val_loss)  # else every value diverged: no best
+        shared = set.intersection(*(set(p.seeds) for p in mine))  # values are ranked on the same seeds
+        ranked = {id(p): ranked_loss(p, shared) for p in mine}
+        best = min(mine, key=lambda p: ranked[id(p)])
+        finite = math.isfinite(ranked[id(best)])  # else every value diverged: no best
         cell = (arm.traits.centres, arm.traits.bias) if arm.traits.centring_pair else None
-        mine = [Point(**{**vars(p), "above_best": p.final_val_loss - best.final_val_loss if finite else None,
-                         "best": p is best and finite, "cell": cell}) for p in mine]
+        mine = [Point(**{**vars(p), "above_best": ranked[id(p)] - ranked[id(best)] if finite else None,
+                         "best": p is best and finite, "cell": cell,
+                         "ranked_seeds": tuple(sorted(shared)) if shared else p.seeds}) for p in mine]
         points += mine
         choices.append(choice(title, norm, mine, bigram_loss))
     return Tuning(title, key, tuple(points), tuple(choices), tuple(left_out), bigram_loss)
@@ -196,6 +200,13 @@ def point(title: str, norm: str, value: float, runs: list) -> Point:
                  math.fsum(losses) / len(losses) if len(finite) == len(losses) else math.inf,
                  statistics.stdev(finite) if len(finite) > 1 and len(finite) == len(losses) else None,
                  losses=tuple(losses))
+
+
+def ranked_loss(point: Point, shared: set[int]) -> float:
+    """A value's loss as its norm's values are ranked: the mean over the seeds they all have (a value with seeds the
+    others lack would otherwise be ranked on other seeds than its neighbours); over its own where they share none."""
+    losses = [loss for seed, loss in zip(point.seeds, point.losses) if seed in shared] if shared else point.losses
+    return math.fsum(losses) / len(losses) if all(map(math.isfinite, losses)) else math.inf
 
 
 def choice(title: str, norm: str, points: list[Point], bigram_loss: float | None) -> Choice:
@@ -215,14 +226,19 @@ def points_table(tunings: list[Tuning]) -> Table:
     key = tunings[0].key if tunings else "setting"
     columns = (Column(("group",), "group", right=False), Column(("norm",), "norm", right=False),
                Column(("value",), key, "g"), Column(("final_val_loss",), "final loss", ".4f"),
-               Column(("above_best",), "Δ best", "+.4f"), Column(("seed_sd",), "sd seeds", ".4f"),
+               Column(("above_best_text",), "Δ best"), Column(("seed_sd",), "sd seeds", ".4f"),
                Column(("seeds",), "seeds", right=False))
     caption = (f"Each norm's final validation loss (nats/token, the mean of its last validations as its config "
-               f"declares, and over its seeds at that {key}) at each value swept; Δ best: above that norm's lowest; "
+               f"declares, and over its seeds at that {key}) at each value swept; Δ best: above that norm's lowest, "
+               "both over the seeds every value of the norm has (†: fewer than this value's, ranked_seeds in the "
+               "CSV), the best the lowest so compared; "
                "sd seeds: over its seeds where there are several. inf: a run diverged (its loss not finite). With "
                "one seed a value, a difference between neighbouring values smaller than the seed-to-seed spread does "
                "not rank them: the best is a choice among them, not an estimate of the optimum.")
-    rows = tuple({**vars(p), "seeds": " ".join(map(str, p.seeds))} for t in tunings for p in t.points)
+    rows = tuple({**vars(p), "seeds": " ".join(map(str, p.seeds)), "ranked_seeds": " ".join(map(str, p.ranked_seeds)),
+                  "above_best_text": Column((), "", "+.4f").number(p.above_best)
+                  + ("†" if p.above_best is not None and set(p.ranked_seeds) != set(p.seeds) else "")}
+                 for t in tunings for p in t.points)
     return Table("tuning", columns, rows, caption)
 
 
@@ -232,10 +248,12 @@ def choices_table(tunings: list[Tuning]) -> Table:
                Column(("best",), f"best {key}", "g"), Column(("final_val_loss",), "final loss", ".4f"),
                Column(("next_above",), "next Δ", "+.4f"), Column(("bigram_margin",), "below bigram", "+.4f"),
                Column(("advice",), "grid", right=False))
-    caption = (f"Each norm's {key} of lowest final loss in its grid; next Δ: the nearer of its grid neighbours' loss "
-               "above it (small: a flat optimum); below bigram: its final loss below the count bigram model's "
-               "held-out cross-entropy of its data (negative: above it, the model no better than a lookup table). A "
-               "best at an end of the grid is a bound: the grid is extended there before the study uses it.")
+    caption = (f"Each norm's {key} of lowest final loss in its grid, its values compared over the seeds they all "
+               "have (the table below); final loss: over the best's own seeds; next Δ: the nearer of its grid "
+               "neighbours' loss above it (small: a flat optimum); below bigram: its final loss below the count "
+               "bigram model's held-out cross-entropy of its data (negative: above it, the model no better than a "
+               "lookup table). A best at an end of the grid is a bound: the grid is extended there before the study "
+               "uses it.")
     rows = tuple({**vars(c), "grid": " ".join(f"{v:g}" for v in c.grid), "advice": c.advice}
                  for t in tunings for c in t.choices)
     return Table("tuning_choices", columns, rows, caption)
