@@ -244,12 +244,12 @@ def fit_title(fig, title: str) -> None:
     width = max(map(len, title.splitlines()))
     text = fig.suptitle(title)
     renderer = fig.canvas.get_renderer()
-    height = text.get_window_extent(renderer).height
-    while width > SHORTEST_WRAP and 0.97 * fig.bbox.width < text.get_window_extent(renderer).width:
-        fits = 0.97 * fig.bbox.width / text.get_window_extent(renderer).width
+    first = drawn = text.get_window_extent(renderer)
+    while width > SHORTEST_WRAP and (fits := 0.97 * fig.bbox.width / drawn.width) < 1:
         width = max(SHORTEST_WRAP, min(width - 1, int(width * fits)))
         text.set_text(wrap_label(title, width))
-    fig.set_figheight(fig.get_figheight() + (text.get_window_extent(renderer).height - height) / fig.dpi)
+        drawn = text.get_window_extent(renderer)
+    fig.set_figheight(fig.get_figheight() + (drawn.height - first.height) / fig.dpi)
 
 
 def legend_below(fig, axes, ncols: int = 2) -> None:

@@ -181,13 +181,14 @@ def tuning_of(title: str, runs: list, key: str) -> Tuning:
         norm, by_value = arm_label(arms, arm), by_arm[arm]
         mine = [point(title, norm, value, found) for value, found in sorted(by_value.items())]
         shared = set.intersection(*(set(p.seeds) for p in mine))  # values are ranked on the same seeds
-        ranked = {id(p): ranked_loss(p, shared) for p in mine}
-        best = min(mine, key=lambda p: ranked[id(p)])
-        finite = math.isfinite(ranked[id(best)])  # else every value diverged: no best
+        ranked = [ranked_loss(p, shared) for p in mine]
+        best = min(ranked)
+        finite = math.isfinite(best)  # else every value diverged: no best
+        at = ranked.index(best)
         cell = (arm.traits.centres, arm.traits.bias) if arm.traits.centring_pair else None
-        mine = [Point(**{**vars(p), "above_best": ranked[id(p)] - ranked[id(best)] if finite else None,
-                         "best": p is best and finite, "cell": cell,
-                         "ranked_seeds": tuple(sorted(shared)) if shared else p.seeds}) for p in mine]
+        mine = [Point(**{**vars(p), "above_best": loss - best if finite else None, "best": i == at and finite,
+                         "cell": cell, "ranked_seeds": tuple(sorted(shared)) if shared else p.seeds})
+                for i, (p, loss) in enumerate(zip(mine, ranked))]
         points += mine
         choices.append(choice(title, norm, mine, bigram_loss))
     return Tuning(title, key, tuple(points), tuple(choices), tuple(left_out), bigram_loss)
@@ -222,11 +223,14 @@ def choice(title: str, norm: str, points: list[Point], bigram_loss: float | None
                   margin)
 
 
+ABOVE_BEST = Column(("above_best",), "Δ best", "+.4f")  # its cell in markdown carries a † (points_table)
+
+
 def points_table(tunings: list[Tuning]) -> Table:
     key = tunings[0].key if tunings else "setting"
     columns = (Column(("group",), "group", right=False), Column(("norm",), "norm", right=False),
                Column(("value",), key, "g"), Column(("final_val_loss",), "final loss", ".4f"),
-               Column(("above_best_text",), "Δ best"), Column(("seed_sd",), "sd seeds", ".4f"),
+               Column(("above_best_text",), ABOVE_BEST.title), Column(("seed_sd",), "sd seeds", ".4f"),
                Column(("seeds",), "seeds", right=False))
     caption = (f"Each norm's final validation loss (nats/token, the mean of its last validations as its config "
                f"declares, and over its seeds at that {key}) at each value swept; Δ best: above that norm's lowest, "
@@ -236,7 +240,7 @@ def points_table(tunings: list[Tuning]) -> Table:
                "one seed a value, a difference between neighbouring values smaller than the seed-to-seed spread does "
                "not rank them: the best is a choice among them, not an estimate of the optimum.")
     rows = tuple({**vars(p), "seeds": " ".join(map(str, p.seeds)), "ranked_seeds": " ".join(map(str, p.ranked_seeds)),
-                  "above_best_text": Column((), "", "+.4f").number(p.above_best)
+                  "above_best_text": ABOVE_BEST.number(p.above_best)
                   + ("†" if p.above_best is not None and set(p.ranked_seeds) != set(p.seeds) else "")}
                  for t in tunings for p in t.points)
     return Table("tuning", columns, rows, caption)
