@@ -190,6 +190,38 @@ def test_kept_moments_are_the_sources_bit_for_bit_for_every_parameter_the_conver
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_tied_source_branches_with_every_arms_head_untied_from_its_matrix(prepared, tmp_path):
+    """A source whose head is its embedding (model=9m's): the conversion centres the embedding, so a converted arm that
+    keeps the head tied is refused in one line, nothing written; with model.tie_embeddings=false (every arm alike)
+    each arm starts from the source's step-K function, its head the source's matrix, and keeps the source's moments
+    bit for bit for every parameter but the embeddings, the output projections and the head it unties."""
+    source, tied = tmp_path / "tied", ["model.tie_embeddings=true"]
+    train(compose_config("train", [*FAST_TRAIN, *tied, f"run_dir={source}"]))
+    with pytest.raises(ConfigError, match=r"ties its LM head to its embeddings, which the conversion centres: give "
+                                          r"model.tie_embeddings=false to every arm of the branch alike"):
+        train(branch_config(tmp_path, source, "rmsnorm_bias", *tied))
+    assert not (tmp_path / "rmsnorm_bias").exists()
+    tokens = source_batches(0, 1)[0]
+    with torch.no_grad():
+        expected = load_model(source / f"checkpoints/step-{K:07d}.ckpt")(tokens)
+    sources = read_checkpoint(source / "checkpoints" / "previous.ckpt")["optimizer_states"][0]["state"]
+    source_names = optimizer_order(compose_config("train", [*FAST_TRAIN, *tied]))
+    assert "lm_head.weight" not in source_names and len(source_names) == len(sources)
+    for arm in ARMS:
+        cfg = branch_config(tmp_path, source, arm, "branch.moments=kept")
+        train(cfg)
+        first = tmp_path / arm / f"checkpoints/step-{K:07d}.ckpt"
+        model = load_model(first)
+        assert not model.config.tie_embeddings and model.lm_head.weight.data_ptr() != model.wte.weight.data_ptr()
+        with torch.no_grad():
+            assert torch.allclose(model(tokens), expected, atol=1e-4), arm  # the source's function of step K
+        state, names = read_checkpoint(first)["optimizer_states"][0]["state"], optimizer_order(cfg)
+        assert {names[i] for i in state} == {n for n in source_names if not changed_by_centring(n)}, arm
+        for index in state:
+            theirs = sources[source_names.index(names[index])]
+            assert all(torch.equal(state[index][k], v) for k, v in theirs.items()), (arm, names[index])
+
+
 def optimizer_order(cfg) -> list[str]:
     """The parameter names of a run's AdamW state, in the order of its indices (LanguageModel's two groups)."""
     named = list(build_model(cfg).named_parameters())

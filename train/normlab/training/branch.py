@@ -10,12 +10,16 @@ so that arms which differ only in their norm from K on continue one shared funct
 - The rest of the state continues from step K: the data position and the loops' progress (from the source's
   checkpoint, which holds them even when it holds the weights only), the schedule (the lr of step K on: the same
   max_steps and schedule are required), the random generators where the source's checkpoint holds them.
+- A tied source's head: the conversion centres the embeddings, which a tied head would read too, so a converted arm
+  (and the control, to stay alike) unties it: model.tie_embeddings=false, in every arm alike, each starting its head
+  from the source's shared matrix (the one setting of the model a branch may change: from tied to untied).
 - The optimizer, for every arm alike: with branch.moments=fresh, a new AdamW (the source's moments are of the
   unconverted parameters and would not map onto converted ones, so no arm keeps them; the LayerNorm branch restarts
   too: what that restart costs is its difference from the source continuing); with branch.moments=kept, the source's
   AdamW state of step K for every parameter the conversion leaves unchanged (blocks' attention and MLP inputs, norms,
-  the head), and new moments only for those it changes (embeddings, output projections), in the converted arm and in
-  the arms that keep their weights alike, so that the restart is the same in every arm and smaller.
+  the head), and new moments only for those it changes (embeddings, output projections; a head untied at K, a
+  parameter the source did not have), in the converted arm and in the arms that keep their weights alike, so that the
+  restart is the same in every arm and smaller.
 
 `start_checkpoint` builds that first checkpoint; the run directory writes it as the branch's step-K and last
 checkpoint (RunDirectory.prepare), from which the branch resumes as any run does: resume, SIGTERM, requeue and
@@ -45,6 +49,8 @@ from normlab.training.rundir.files import RunDirError
 SHARED = ("model.", "data.", "seed", "global_batch_size", "trainer.max_steps", "schedule.")
 NOT_SHARED = ("data.dir", "data.num_workers", "data.verify_checksums")  # where the data lies, how fast it is read
 MOMENTS = ("fresh", "kept")  # branch.moments: every arm's AdamW new, or the source's kept where weights are unchanged
+TIED = "model.tie_embeddings"  # a branch may untie a tied source's head (true -> false), and change the model no more
+HEAD = "lm_head.weight"  # a tied model's parameters name the shared matrix once, as the embedding
 
 
 @dataclass
@@ -144,7 +150,9 @@ def check_shared(cfg: DictConfig, source: Source) -> None:
     naming the first that is not, where it comes from, and config.yaml's value where that file says otherwise."""
     mine, theirs = flat(OmegaConf.to_container(cfg, resolve=True)), flat(source.config)
     for key in sorted(mine.keys() | theirs.keys(), key=lambda k: (k.count("."), k)):  # seed before data.seed
-        if key.startswith(SHARED) and not key.startswith(NOT_SHARED) and mine.get(key) != theirs.get(key):
+        untied = key == TIED and theirs.get(key) is True and mine.get(key) is False
+        differs = mine.get(key) != theirs.get(key) and not untied
+        if key.startswith(SHARED) and not key.startswith(NOT_SHARED) and differs:
             written = saved_setting(source.folder, key)
             aside = (f" (its config.yaml says {json.dumps(written[1])}: the checkpoint is what a branch starts from)"
                      if written and written[1] != theirs.get(key) else "")
@@ -192,15 +200,16 @@ def branch_weights(cfg: DictConfig, module, source: dict, weights: dict, folder:
         raise ConfigError(f"norm={cfg.norm.name} (bias {traits.bias}, eps {mine.eps}) is not the exact RMSNorm of "
                           f"{what} (bias {layernorm.bias is not None}, eps {layernorm.eps}): give "
                           f"norm={norms.exact_rms_norm(layernorm.bias is not None)} with its eps")
-    if source["model"].get("tie_embeddings"):
-        raise ConfigError(f"{what} ties its LM head to its embeddings, which the conversion unties: branch an "
-                          "untied source (model.tie_embeddings=false)")
+    if source["model"].get("tie_embeddings") and cfg.model.tie_embeddings:
+        raise ConfigError(f"{what} ties its LM head to its embeddings, which the conversion centres: give "
+                          "model.tie_embeddings=false to every arm of the branch alike (each starts its head from the "
+                          "source's matrix)")
     return weights if zero_mean else centred_weights(weights)
 
 
-def fresh_optimizer_at(module, step: int) -> tuple[dict, dict, list[str]]:
+def fresh_optimizer_at(module, step: int) -> tuple[dict, dict, list[list[str]]]:
     """The state of a new optimizer and of its schedule after `step` optimizer steps (no moments, the lr of step K),
-    and the names of its parameters in the order of its state's indices."""
+    and the names of its parameters, group by group, in the order of its state's indices."""
     configured = module.configure_optimizers()
     optimizer, scheduler = configured["optimizer"], configured["lr_scheduler"]["scheduler"]
     with warnings.catch_warnings():  # stepping the schedule alone, before any optimizer step, is the point here
@@ -209,28 +218,32 @@ def fresh_optimizer_at(module, step: int) -> tuple[dict, dict, list[str]]:
             scheduler.step()
     name_of = {id(p): name for name, p in module.model.named_parameters()}
     return (optimizer.state_dict(), scheduler.state_dict(),
-            [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]])
+            [[name_of[id(p)] for p in group["params"]] for group in optimizer.param_groups])
 
 
-def kept_moments(fresh: dict, names: list[str], module, source: dict, what: str) -> dict:
-    """`fresh` (an optimizer state dict whose indices are the parameters `names`) with the source's AdamW state of
-    every parameter that the conversion leaves unchanged, copied as it is; the parameters it changes start anew. The
-    source's optimizer orders the same parameters the same way (one architecture, one configure_optimizers): its
-    groups' sizes and each state's shapes are checked."""
+def kept_moments(fresh: dict, names: list[list[str]], module, source: dict, what: str, untied: bool) -> dict:
+    """`fresh` (an optimizer state dict whose indices are the parameters `names`, by group) with the source's AdamW
+    state of every parameter that the conversion leaves unchanged, copied as it is; the parameters it changes start
+    anew, as does a head the branch unties (`untied`: the source's optimizer has none). The source's optimizer orders
+    the same parameters the same way, the head aside (one architecture, one configure_optimizers): its groups' sizes
+    and each state's shapes are checked."""
     shapes = dict((name, p.shape) for name, p in module.model.named_parameters())
+    theirs = [[n for n in group if not (untied and n == HEAD)] for group in names]
     groups = [len(g["params"]) for g in source["param_groups"]]
-    if groups != [len(g["params"]) for g in fresh["param_groups"]]:
+    if groups != [len(g) for g in theirs]:
         raise ConfigError(f"branch.moments=kept: {what}'s optimizer groups its parameters as {groups}, the branch "
-                          f"as {[len(g['params']) for g in fresh['param_groups']]}: give branch.moments=fresh")
+                          f"as {[len(g) for g in theirs]}: give branch.moments=fresh")
+    index_of = {name: index for index, name in enumerate(n for group in names for n in group)}
+    source_names = [n for group in theirs for n in group]
     state = {}
     for index, moments in source["state"].items():
-        name = names[index]
+        name = source_names[index]
         if changed_by_centring(name):
             continue
         if any(torch.is_tensor(v) and v.dim() and v.shape != shapes[name] for v in moments.values()):
             raise ConfigError(f"branch.moments=kept: {what}'s optimizer state of {name} does not fit its shape "
                               f"{tuple(shapes[name])}: give branch.moments=fresh")
-        state[index] = moments
+        state[index_of[name]] = moments
     return {**fresh, "state": state}
 
 
@@ -250,7 +263,8 @@ def start_checkpoint(cfg: DictConfig, module, source: Source) -> dict:
     module.model.load_state_dict(branch_weights(cfg, module, source.config, weights, source.folder))
     optimizer, scheduler, names = fresh_optimizer_at(module, step)
     if cfg.branch.get("moments") == "kept":
-        optimizer = kept_moments(optimizer, names, module, checkpoint["optimizer_states"][0], what)
+        untied = bool(source.config["model"].get("tie_embeddings")) and not cfg.model.tie_embeddings
+        optimizer = kept_moments(optimizer, names, module, checkpoint["optimizer_states"][0], what, untied)
     kept = {k: checkpoint[k] for k in ("epoch", "global_step", "pytorch-lightning_version", "loops", "rng_states")
             if k in checkpoint}
     return {**kept, "state_dict": module.state_dict(), "optimizer_states": [optimizer], "lr_schedulers": [scheduler],
