@@ -71,7 +71,7 @@ def comparison_settings(config: dict) -> dict:
 
 BRANCH_ROLES = {  # a branch group's comparisons beside the centring's (docs/branch.md): what each measures
     "control": "the control: the LayerNorm function in an RMSNorm model, so only float rounding through training",
-    "restart": "the branch's fresh optimizer against its source continuing with its own: what the restart costs",
+    "restart": "the branch's restarted optimizer against its source continuing with its own: what the restart costs",
 }
 
 

@@ -318,11 +318,12 @@ def footnotes(groups: list[Group], cells: list[AngleCells]) -> str:
     if steps := sorted({g.branch_step for g in groups if g.branch_step is not None}):
         notes.append(f"Branches of step{'s' * (len(steps) > 1)} {', '.join(f'{k:,}' for k in steps)} (docs/branch.md): "
                      "each arm starts at step K from its source's checkpoint of K, computing the source's function, "
-                     "with a fresh optimizer and the source's batches and schedule from K on. Uncentred − centred "
-                     "is the centring's work from K on; the control computes the LayerNorm function in an RMSNorm "
-                     "model, so its distance from the LayerNorm branch is float rounding through training, the floor "
-                     "for the first; the LayerNorm branch − its source continuing is what restarting the optimizer "
-                     "costs, which every arm pays alike.")
+                     "its optimizer restarted alike in every arm (branch.moments: fresh, or the source's moments kept "
+                     "where a weight is unchanged) and the source's batches and schedule from K on. Uncentred − "
+                     "centred is the centring's work from K on; the control computes the LayerNorm function in an "
+                     "RMSNorm model, so its distance from the LayerNorm branch is float rounding through training, the "
+                     "floor for the first; the LayerNorm branch − its source continuing is what the restart costs (a "
+                     "head untied at K included), which every arm pays alike.")
     if pointwise := pointwise_layers(groups):
         notes.append(f"{', '.join(pointwise)}: no norm, a point-wise layer (it divides its input by no statistic of "
                      "it); its ablation centres its inputs before its point-wise map.")

@@ -85,7 +85,7 @@ def comparison_caption(rows: tuple[ComparisonRow, ...]) -> str:
         "cell means with the pooled residual of seed + cell, 3(n − 1) df; else a paired t, n − 1 df. Δ > 0: the "
         "uncentred (or the replacing) norm has the higher loss. Of branches "
         "(docs/branch.md): control, the zero-mean-writers control − the LN branch (float rounding alone); restart, "
-        "the LN branch − its source continuing (what the fresh optimizer costs). ★ the primary contrast, declared "
+        "the LN branch − its source continuing (what the restart costs). ★ the primary contrast, declared "
         "with the runs. 95% CI: each alone. simult. CI: all "
         f"{size} of the family together at 95%, matching Holm's test (in each direction at {ALPHA / 2:g}; "
         "Strassburger & Bretz 2008); an end at 0 says Holm rejected, no more. p Holm: adjusted over the family; a "
