@@ -70,8 +70,8 @@ def comparison_settings(config: dict) -> dict:
 
 
 BRANCH_ROLES = {  # a branch group's comparisons beside the centring's (docs/branch.md): what each measures
-    "control": "the control: the LayerNorm function in an RMSNorm model, so only float rounding through training",
-    "restart": "the branch's restarted optimizer against its source continuing with its own: what the restart costs",
+    "control": "the control: float rounding alone",  # the LayerNorm function in an RMSNorm model
+    "restart": "the restart's cost",  # the LN branch, its optimizer restarted, against its source continuing
 }
 
 
